@@ -1,0 +1,1 @@
+"""ranker package."""

@@ -1,0 +1,74 @@
+"""The ``rankstream`` command: one entry point, one settings read, one error path.
+
+Each subcommand lives in the module that owns it and exposes two functions:
+
+* ``add_arguments(parser: argparse.ArgumentParser) -> None``
+* ``run(args: argparse.Namespace, settings: Settings) -> int``
+
+Any :class:`~rankstream.errors.RankstreamError` becomes a one-line message on
+stderr and exit code 2; so does argparse misuse. No traceback reaches a user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from rankstream.errors import RankstreamError
+from rankstream.settings import load_settings
+
+# name -> (module, one-line help). Modules are imported only when their command
+# runs, so `rankstream rank` never pays for Kafka or Redis imports.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "rank": ("rankstream.rank_command", "rank an edge list offline (no services)"),
+}
+
+EXIT_USAGE = 2
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse prints usage plus an error; we print just the error, on one line."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="rankstream", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
+    sub.required = True
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module_name, help_text) in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == wanted:
+            module = importlib.import_module(module_name)
+            module.add_arguments(command_parser)
+            command_parser.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = _build_parser(args_list)
+    args = parser.parse_args(args_list)
+    try:
+        settings = load_settings()
+        code: int = args._module.run(args, settings)
+    except RankstreamError as exc:
+        sys.stderr.write(f"rankstream {args.command}: error: {exc}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write(f"rankstream {args.command}: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        # `rankstream rank ... | head` closes our stdout early; that is not an error.
+        return 0
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,81 @@
+"""The one settings object, read once at the entry point.
+
+Every value can be set by an environment variable prefixed ``RANKSTREAM_``
+(``RANKSTREAM_REDIS_URL``, ``RANKSTREAM_KAFKA_BOOTSTRAP``, ...) or a ``.env`` file.
+Only :func:`rankstream.cli.main` calls :func:`load_settings`; library code takes
+explicit arguments and never reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rankstream.errors import ConfigError
+
+
+def _default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "rankstream"
+
+
+class Settings(BaseSettings):
+    """Everything an operator may tune. Field docs are the reference."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RANKSTREAM_", env_file=".env", extra="ignore", frozen=True
+    )
+
+    # --- Kafka -----------------------------------------------------------------
+    kafka_bootstrap: str = Field("127.0.0.1:9092", description="host:port[,host:port]")
+    topic: str = Field("rankstream.links", description="topic carrying link events")
+    dlq_topic: str = Field("rankstream.links.dlq", description="dead-letter topic")
+    topic_partitions: int = Field(4, ge=1)
+    group_id: str = Field("rankstream-consumer", description="consumer group (lag only)")
+    kafka_security_protocol: str = Field("PLAINTEXT")
+    kafka_sasl_mechanism: str | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_cafile: Path | None = None
+
+    # --- Redis -----------------------------------------------------------------
+    redis_url: str = Field("redis://127.0.0.1:6379/0")
+    redis_username: str | None = None
+    redis_password: SecretStr | None = None
+    redis_ssl_ca_certs: Path | None = None
+    key_prefix: str = Field("rs:", description="every Redis key lives under this prefix")
+
+    # --- Ranking ---------------------------------------------------------------
+    damping: float = Field(0.85, gt=0.0, lt=1.0)
+    tolerance: float = Field(
+        1e-6, gt=0.0, description="certified L1 error bound ||r||_1/(1-d) on published y"
+    )
+    publish_threshold: float = Field(
+        1e-7, ge=0.0, description="write a page's score only if it moved by more than this"
+    )
+    max_iter: int = Field(1000, ge=1)
+
+    # --- Consumer --------------------------------------------------------------
+    batch_max_events: int = Field(5000, ge=1)
+    poll_timeout_ms: int = Field(200, ge=1)
+
+    # --- Input limits (violations go to the DLQ with the reason) --------------
+    max_url_length: int = Field(8192, ge=16)
+    max_links_per_page: int = Field(10_000, ge=1)
+    max_message_bytes: int = Field(1_048_576, ge=1024)
+    allowed_schemes: tuple[str, ...] = ("http", "https", "file")
+
+    # --- Local services (./run services) --------------------------------------
+    cache_dir: Path = Field(default_factory=_default_cache_dir)
+    state_dir: Path = Field(default_factory=lambda: _default_cache_dir() / "state")
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the environment once and validate it; a bad value is a ConfigError."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "settings"
+        raise ConfigError(f"bad setting RANKSTREAM_{field.upper()}: {first['msg']}") from exc
