@@ -1,0 +1,37 @@
+"""``rankstream consume``: run the streaming consumer (Kafka -> Redis graph and scores)."""
+
+from __future__ import annotations
+
+import argparse
+
+from consumer.jsonlog import setup_json_logging
+from consumer.lock import DEFAULT_TTL_MS
+from consumer.service import ConsumeOptions, run_consumer
+from rankstream.errors import ConfigError
+from rankstream.settings import Settings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--until-caught-up", action="store_true",
+                        help="stop once the end offsets seen at start are consumed and "
+                             "published")
+    parser.add_argument("--max-seconds", type=float, default=None, metavar="S",
+                        help="stop (cleanly) after S seconds")
+    parser.add_argument("--lock-ttl-ms", type=int, default=DEFAULT_TTL_MS, metavar="MS",
+                        help="lease time of the single-consumer lock (renewed every ttl/3)")
+    parser.add_argument("--plain-writes", action="store_true",
+                        help="write adjacency with plain SADD/SREM instead of the bulk script "
+                             "(for Redis ACLs without scripting)")
+    parser.add_argument("--log-level", default="INFO",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.max_seconds is not None and args.max_seconds <= 0:
+        raise ConfigError("--max-seconds must be positive")
+    if args.lock_ttl_ms < 1000:
+        raise ConfigError("--lock-ttl-ms must be at least 1000")
+    setup_json_logging(args.log_level)
+    options = ConsumeOptions(until_caught_up=args.until_caught_up, max_seconds=args.max_seconds,
+                             lock_ttl_ms=args.lock_ttl_ms, bulk_writes=not args.plain_writes)
+    return run_consumer(settings, options)

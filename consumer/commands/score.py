@@ -1,0 +1,39 @@
+"""``rankstream score URL``: one page's published scores (URL canonicalised first)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from consumer.keys import ALGORITHMS
+from consumer.readers import SCALES, score
+from consumer.redis_store import connect_redis
+from rankstream.settings import Settings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", help="page URL (canonicalised like the producer does)")
+    parser.add_argument("--algorithm", choices=ALGORITHMS, default=None,
+                        help="one algorithm (default: all)")
+    parser.add_argument("--scale", choices=SCALES, default="paper")
+    parser.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    algorithms = [args.algorithm] if args.algorithm else list(ALGORITHMS)
+    client = connect_redis(settings, client_name="rankstream-score")
+    try:
+        values = {alg: score(client, settings.key_prefix, args.url, alg, args.scale)
+                  for alg in algorithms}
+    finally:
+        client.close()
+    if args.json:
+        sys.stdout.write(json.dumps({"url": args.url, "scale": args.scale,
+                                     "scores": values}) + "\n")
+    else:
+        for alg, value in values.items():
+            shown = "not ranked" if value is None else f"{value:.10g}"
+            sys.stdout.write(f"{alg:<9} {shown}\n")
+    # Exit 1 when the page is unknown everywhere, so scripts can test for it.
+    return 0 if any(v is not None for v in values.values()) else 1

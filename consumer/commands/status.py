@@ -1,0 +1,58 @@
+"""``rankstream status``: consumer health, graph counters and score freshness."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from consumer.readers import status
+from consumer.redis_store import connect_redis
+from rankstream.settings import Settings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    client = connect_redis(settings, client_name="rankstream-status")
+    try:
+        info = _finite(status(client, settings.key_prefix))
+    finally:
+        client.close()
+    if args.json:
+        sys.stdout.write(json.dumps(info) + "\n")
+        return 0
+    out = sys.stdout.write
+    consumer = info["consumer"]
+    lock = info["lock"]
+    running = (f"running (pid {lock.get('pid')} on {lock.get('host')})" if lock
+               else "not running")
+    out(f"consumer   {running}; state {consumer.get('state', '-')}, "
+        f"heartbeat {consumer.get('heartbeat_at', '-')}\n")
+    out(f"throughput {consumer.get('events_per_s', '0')} events/s, "
+        f"{consumer.get('link_changes_per_s', '0')} link changes/s; "
+        f"lag {consumer.get('lag_total', '-')} {consumer.get('lag', '')}\n")
+    graph = info["graph"]
+    out(f"graph      version {graph.get('version', 0)}, pages {graph.get('pages', 0)}, "
+        f"links {graph.get('links', 0)}, stale ignored {graph.get('stale_ignored', 0)}, "
+        f"dead letters {graph.get('dlq', 0)}\n")
+    for alg, m in info["algorithms"].items():
+        if not m["published"]:
+            out(f"{alg:<10} not published\n")
+            continue
+        fresh = "fresh" if m["fresh"] else "NOT fresh"
+        out(f"{alg:<10} {fresh}, bound {m['bound']} (tolerance {m['tolerance']}), "
+            f"version {m['version']}, refreshed {m['refreshed_at']}\n")
+    return 0

@@ -1,0 +1,54 @@
+"""``rankstream top``: the live top-k pages of an algorithm, read from Redis."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from consumer.keys import ALGORITHMS
+from consumer.readers import SCALES, meta, top
+from consumer.redis_store import connect_redis
+from rankstream.settings import Settings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-k", type=int, default=10, help="how many pages (default 10)")
+    parser.add_argument("--algorithm", choices=ALGORITHMS, default="pagerank")
+    parser.add_argument("--scale", choices=SCALES, default="paper",
+                        help="paper: y as published; probability: y / sum(y)")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+
+def _number(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    client = connect_redis(settings, client_name="rankstream-top")
+    try:
+        rows = top(client, settings.key_prefix, args.algorithm, args.k, args.scale)
+        info = meta(client, settings.key_prefix, args.algorithm)
+    finally:
+        client.close()
+    if args.json:
+        payload = {
+            "algorithm": args.algorithm, "scale": args.scale,
+            "top": [{"rank": i + 1, "url": url, "score": value}
+                    for i, (url, value) in enumerate(rows)],
+            "meta": {**info.as_dict(), "bound": _number(info.bound)},
+        }
+        sys.stdout.write(json.dumps(payload) + "\n")
+        return 0
+    if not info.published:
+        sys.stdout.write(f"no {args.algorithm} scores published under "
+                         f"{settings.key_prefix!r} yet\n")
+        return 0
+    fresh = "fresh" if info.fresh else "NOT fresh"
+    sys.stdout.write(f"{args.algorithm} top {len(rows)} ({args.scale} scale) - {fresh}, "
+                     f"bound {info.bound:.3g} (tolerance {info.tolerance:.3g}), "
+                     f"version {info.version}, refreshed {info.refreshed_at}\n")
+    for i, (url, value) in enumerate(rows, start=1):
+        sys.stdout.write(f"{i:>4}  {value:.8f}  {url}\n")
+    return 0

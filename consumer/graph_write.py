@@ -1,0 +1,326 @@
+"""One batch's graph write: planned from the mirror, sent as one fenced MULTI/EXEC.
+
+Exactly-once rests on two facts:
+
+1. Everything a batch changes (page-id maps, both adjacency directions, page
+   ts/titles/removal marks, text-index postings, counters) *and* the next Kafka
+   offset of every partition in the batch go into ONE MULTI/EXEC
+   (:func:`commit_graph`). Redis applies all of it or none of it, so the stored
+   offsets always describe exactly the events the stored graph contains.
+2. Every write is idempotent: set semantics (SADD/SREM), absolute values (HSET of
+   counters computed from the mirror, never HINCRBY). Re-sending the same
+   transaction after a connection error whose first attempt did commit changes
+   nothing, so the retry loop simply repeats it.
+
+The adjacency is the bulk of the bytes: with random link targets nearly every
+link is its own ``SADD P in:{dst}``, and encoding 100k small commands costs the
+Python client more than Redis needs to run them. So by default the adjacency is
+written by one server-side script per batch (:data:`ADJACENCY_SCRIPT`, sent with
+EVAL inside the MULTI) that reads the ids as packed int32 arrays; grouping by key
+is done with numpy. ``bulk=False`` sends plain grouped SADD/SREM commands instead
+(for deployments whose ACL forbids scripting), with the same effect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import redis
+
+from consumer.keys import Keys
+from rankstream.errors import ServiceError
+
+HSET_CHUNK = 1000  # field/value pairs per HSET
+MEMBER_CHUNK = 4000  # members per SADD/SREM (Lua's unpack() stack allows ~8000)
+
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+# ARGV: prefix, then for each of (SREM out, SREM in, SADD out, SADD in): owners,
+# counts, members as little-endian int32 arrays; members grouped by owner in order.
+# Returns the number of members actually removed/added per section. Keys are built
+# from the prefix inside the script (no KEYS list): fine on a single Redis, and an
+# ACL user's key patterns are still checked on every redis.call.
+ADJACENCY_SCRIPT = r"""
+local prefix = ARGV[1]
+local formats = {}
+local function grouped(cmd, kind, owners, counts, members)
+  local total = 0
+  local pos = 1
+  for g = 1, #owners / 4 do
+    local owner = struct.unpack('<i4', owners, 4 * g - 3)
+    local count = struct.unpack('<i4', counts, 4 * g - 3)
+    local fmt = formats[count]
+    if not fmt then
+      fmt = '<' .. string.rep('i4', count)
+      formats[count] = fmt
+    end
+    local values = {struct.unpack(fmt, members, pos)}
+    pos = values[count + 1]
+    values[count + 1] = nil
+    total = total + redis.call(cmd, prefix .. kind .. owner, unpack(values))
+  end
+  return total
+end
+return {
+  grouped('SREM', 'out:', ARGV[2], ARGV[3], ARGV[4]),
+  grouped('SREM', 'in:', ARGV[5], ARGV[6], ARGV[7]),
+  grouped('SADD', 'out:', ARGV[8], ARGV[9], ARGV[10]),
+  grouped('SADD', 'in:', ARGV[11], ARGV[12], ARGV[13]),
+}
+"""
+
+
+@dataclass
+class GraphCounters:
+    """The ``P graph`` hash: absolute values, kept in memory and written per batch."""
+
+    version: int = 0  # events applied (valid, not stale)
+    links: int = 0
+    pages: int = 0  # live pages
+    ids: int = 0  # ids assigned (dense 0..ids-1, never reused)
+    stale_ignored: int = 0
+    dlq: int = 0
+
+    def as_mapping(self) -> dict[str, int]:
+        return {"version": self.version, "links": self.links, "pages": self.pages,
+                "ids": self.ids, "stale_ignored": self.stale_ignored, "dlq": self.dlq}
+
+    @classmethod
+    def from_redis(cls, raw: Mapping[bytes, bytes]) -> GraphCounters:
+        known = cls().as_mapping()
+        values = {k.decode(): int(v) for k, v in raw.items() if k.decode() in known}
+        return cls(**values)
+
+
+@dataclass
+class GraphWrite:
+    """Everything one batch writes to Redis, in page ids.
+
+    ``delete_*`` already include the links of ``removed_ids`` (an emptied SET
+    disappears in Redis, so a removed page leaves no ``out:``/``in:`` key).
+    """
+
+    new_pages: Sequence[tuple[int, str]] = ()
+    removed_ids: Sequence[int] = ()
+    revived_ids: Sequence[int] = ()
+    delete_src: np.ndarray = field(default_factory=lambda: _EMPTY)
+    delete_dst: np.ndarray = field(default_factory=lambda: _EMPTY)
+    insert_src: np.ndarray = field(default_factory=lambda: _EMPTY)
+    insert_dst: np.ndarray = field(default_factory=lambda: _EMPTY)
+    ts_updates: Mapping[int, int] = field(default_factory=dict)
+    titles: Mapping[int, str] = field(default_factory=dict)
+    anchors: Sequence[tuple[int, int, str]] = ()
+    counters: GraphCounters = field(default_factory=GraphCounters)
+    offsets: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def link_changes(self) -> int:
+        return int(self.delete_src.size + self.insert_src.size)
+
+
+def _pair_keys(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    return (src.astype(np.int64) << 32) | dst.astype(np.int64)
+
+
+def _split_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return (keys >> 32).astype(np.int32), (keys & 0xFFFFFFFF).astype(np.int32)
+
+
+@dataclass(frozen=True)
+class PlannedLinks:
+    """Exact net link changes of a batch against the mirror (before it is applied)."""
+
+    delete_src: np.ndarray
+    delete_dst: np.ndarray
+    insert_src: np.ndarray
+    insert_dst: np.ndarray
+    removed_ids: np.ndarray  # live pages this batch removes
+    links_after: int
+
+
+def plan_links(graph: Any, batch: Any) -> PlannedLinks:
+    """What ``graph.apply(batch)`` will change, computed without changing the graph.
+
+    ``graph`` is a :class:`ranker.LinkGraph` (after the batch's URLs were interned),
+    ``batch`` an :class:`ranker.EdgeBatch`. Removal of a page deletes all its links;
+    deleting an absent link and inserting a present one are no-ops.
+    """
+    live = graph.live_mask()
+    removed = np.unique(batch.removed_pages)
+    removed = removed[live[removed]] if removed.size else _EMPTY
+    if removed.size:
+        out_deg = graph.out_len[removed].astype(np.int64)
+        in_deg = graph.in_len[removed].astype(np.int64)
+        rem_keys = np.unique(np.concatenate([
+            _pair_keys(np.repeat(removed, out_deg), graph.gather_out(removed)),
+            _pair_keys(graph.gather_in(removed), np.repeat(removed, in_deg)),
+        ]))
+    else:
+        rem_keys = np.zeros(0, dtype=np.int64)
+    del_keys = np.zeros(0, dtype=np.int64)
+    if batch.delete_src.size:
+        present = graph.links_exist(batch.delete_src, batch.delete_dst)
+        del_keys = np.unique(_pair_keys(batch.delete_src[present], batch.delete_dst[present]))
+        del_keys = np.setdiff1d(del_keys, rem_keys, assume_unique=True)
+    all_del = np.union1d(rem_keys, del_keys)
+    ins_keys = np.zeros(0, dtype=np.int64)
+    if batch.insert_src.size:
+        keep = batch.insert_src != batch.insert_dst
+        src, dst = batch.insert_src[keep], batch.insert_dst[keep]
+        present = graph.links_exist(src, dst)
+        keys = _pair_keys(src, dst)
+        still_there = present & ~np.isin(keys, all_del)
+        ins_keys = np.unique(keys[~still_there])
+    # A link deleted and re-inserted in one batch is no change at all.
+    back = np.intersect1d(ins_keys, all_del, assume_unique=True)
+    if back.size:
+        ins_keys = np.setdiff1d(ins_keys, back, assume_unique=True)
+        all_del = np.setdiff1d(all_del, back, assume_unique=True)
+    del_src, del_dst = _split_keys(all_del)
+    ins_src, ins_dst = _split_keys(ins_keys)
+    return PlannedLinks(del_src, del_dst, ins_src, ins_dst, removed.astype(np.int32),
+                        int(graph.num_links) - int(all_del.size) + int(ins_keys.size))
+
+
+# -- command building (pure) ---------------------------------------------------------
+
+Command = tuple[Any, ...]
+
+
+def _chunks(values: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(values), size):
+        yield values[start:start + size]
+
+
+def _hset_commands(key: str, mapping: Mapping[Any, Any]) -> Iterator[Command]:
+    flat = [item for pair in mapping.items() for item in pair]
+    for chunk in _chunks(flat, 2 * HSET_CHUNK):
+        yield ("HSET", key, *chunk)
+
+
+def group_members(owners: np.ndarray, members: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sort by owner; return (owner per group, member count per group, members).
+
+    Groups larger than :data:`MEMBER_CHUNK` are split (the owner repeats).
+    """
+    if owners.size == 0:
+        return _EMPTY, _EMPTY, _EMPTY
+    order = np.argsort(owners, kind="stable")
+    owners_sorted = owners[order]
+    starts = np.flatnonzero(np.r_[True, owners_sorted[1:] != owners_sorted[:-1]])
+    # Split long runs: a new group also starts every MEMBER_CHUNK members into a run.
+    run_id = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, owners_sorted.size]))
+    offset_in_run = np.arange(owners_sorted.size) - starts[run_id]
+    boundary = (offset_in_run % MEMBER_CHUNK) == 0
+    group_starts = np.flatnonzero(boundary)
+    counts = np.diff(np.r_[group_starts, owners_sorted.size])
+    return (owners_sorted[group_starts].astype(np.int32), counts.astype(np.int32),
+            members[order].astype(np.int32))
+
+
+def _grouped_commands(verb: str, key_of: Any, owners: np.ndarray,
+                      members: np.ndarray) -> Iterator[Command]:
+    group_owner, counts, ordered = group_members(owners, members)
+    members_list = ordered.tolist()
+    pos = 0
+    for owner, count in zip(group_owner.tolist(), counts.tolist(), strict=True):
+        yield (verb, key_of(owner), *members_list[pos:pos + count])
+        pos += count
+
+
+def adjacency_commands(keys: Keys, write: GraphWrite) -> list[Command]:
+    """Plain grouped SREM/SADD commands for both directions (deletions first)."""
+    return [
+        *_grouped_commands("SREM", keys.out_links, write.delete_src, write.delete_dst),
+        *_grouped_commands("SREM", keys.in_links, write.delete_dst, write.delete_src),
+        *_grouped_commands("SADD", keys.out_links, write.insert_src, write.insert_dst),
+        *_grouped_commands("SADD", keys.in_links, write.insert_dst, write.insert_src),
+    ]
+
+
+def adjacency_script_args(keys: Keys, write: GraphWrite) -> list[bytes | str]:
+    """ARGV of :data:`ADJACENCY_SCRIPT` for ``write``."""
+    args: list[bytes | str] = [keys.prefix]
+    for owners, members in ((write.delete_src, write.delete_dst),
+                            (write.delete_dst, write.delete_src),
+                            (write.insert_src, write.insert_dst),
+                            (write.insert_dst, write.insert_src)):
+        args.extend(part.astype("<i4").tobytes() for part in group_members(owners, members))
+    return args
+
+
+def bookkeeping_commands(keys: Keys, write: GraphWrite) -> list[Command]:
+    """Everything but the adjacency: id maps, removal marks, ts, titles, counters, offsets."""
+    cmds: list[Command] = []
+    if write.new_pages:
+        cmds.extend(_hset_commands(keys.page_id, {url: pid for pid, url in write.new_pages}))
+        cmds.extend(_hset_commands(keys.page_url, dict(write.new_pages)))
+    if write.revived_ids:
+        cmds.extend(("SREM", keys.page_removed, *c)
+                    for c in _chunks(list(write.revived_ids), MEMBER_CHUNK))
+    if write.removed_ids:
+        cmds.extend(("SADD", keys.page_removed, *c)
+                    for c in _chunks(list(write.removed_ids), MEMBER_CHUNK))
+    if write.ts_updates:
+        cmds.extend(_hset_commands(keys.page_ts, write.ts_updates))
+    if write.titles:
+        cmds.extend(_hset_commands(keys.page_title, write.titles))
+    cmds.append(("HSET", keys.graph, *[x for kv in write.counters.as_mapping().items()
+                                       for x in kv]))
+    if write.offsets:
+        cmds.append(("HSET", keys.offsets, *[x for kv in write.offsets.items() for x in kv]))
+    return cmds
+
+
+def graph_commands(keys: Keys, write: GraphWrite) -> list[Command]:
+    """The whole transaction body in plain commands (adjacency first, offsets last)."""
+    return [*adjacency_commands(keys, write), *bookkeeping_commands(keys, write)]
+
+
+# -- execution -----------------------------------------------------------------------
+
+class TransactionFailed(ServiceError):
+    """EXEC ran but a command inside it failed: a bug or foreign keys, never retried."""
+
+
+def commit_graph(client: redis.Redis, keys: Keys, write: GraphWrite, *,
+                 fence: Any | None = None, bulk: bool = True) -> int:
+    """Run the batch's MULTI/EXEC; return the number of commands in it.
+
+    ``fence`` is a :class:`consumer.lock.ConsumerLock`: the lease is WATCHed and
+    checked before MULTI, so EXEC aborts (``redis.WatchError``) if it changed.
+    Connection errors propagate untranslated (the caller retries the identical
+    write); an error reply inside EXEC raises :class:`TransactionFailed`.
+    """
+    from consumer.text_index import index_text
+
+    with contextlib.ExitStack() as stack:
+        if fence is not None:
+            stack.enter_context(fence.fenced())
+        pipe = stack.enter_context(client.pipeline(transaction=True))
+        if fence is not None:
+            fence.check_in(pipe)
+            pipe.multi()
+        count = 0
+        if bulk and write.link_changes:
+            pipe.execute_command("EVAL", ADJACENCY_SCRIPT, 0, *adjacency_script_args(keys, write))
+            count += 1
+        else:
+            for cmd in adjacency_commands(keys, write):
+                pipe.execute_command(*cmd)
+                count += 1
+        if write.titles or write.anchors:
+            count += index_text(pipe, keys.prefix, write.titles, write.anchors)
+        for cmd in bookkeeping_commands(keys, write):
+            pipe.execute_command(*cmd)
+            count += 1
+        replies = pipe.execute(raise_on_error=False)
+    failures = [r for r in replies if isinstance(r, Exception)]
+    if failures:
+        raise TransactionFailed(f"graph transaction partly failed in Redis: {failures[0]}")
+    return count

@@ -1,0 +1,236 @@
+"""The HTTP query API (FastAPI): ``GET /hits``, ``/top``, ``/score``, ``/status``.
+
+``rankstream serve`` runs :func:`create_app` on uvicorn; the OpenAPI schema is at
+``/openapi.json`` (interactive docs at ``/docs``). Every input is bounded by a
+pydantic ``Query`` constraint, so an oversized request is a 422 with the field
+named, never work for the server. Errors map to status codes as follows:
+
+=====  =============================================================
+400    a bad value the schema cannot express (bad URL, no query terms,
+       both or neither of ``q`` and ``seed``)
+404    ``/score``: the URL has no published score
+422    a request outside the schema's limits; HITS did not converge
+502    Redis answered with an error
+503    Redis is unreachable
+=====  =============================================================
+
+The endpoints are thin: HITS is :func:`consumer.hits_query.run_hits`; the readers
+for ``/top``, ``/score`` and ``/status`` read the public key layout directly.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import uvicorn
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, StringConstraints
+
+from consumer.hits_query import (
+    DEFAULT_CACHE_TTL,
+    MAX_IN,
+    MAX_ITER,
+    MAX_K,
+    MAX_QUERY_CHARS,
+    MAX_ROOT_SIZE,
+    MAX_SEEDS,
+    HitsQuery,
+    run_hits,
+)
+from consumer.keys import ALGORITHMS, Keys
+from consumer.redis_store import redis_errors
+from producer.urls import UrlError, canonicalize_url
+from rankstream.errors import (
+    ConvergenceError,
+    InputError,
+    RankstreamError,
+    ServiceError,
+    ServiceUnavailable,
+)
+
+__all__ = ["MAX_REQUEST_LINE_BYTES", "MAX_URL_CHARS", "create_app", "server_config"]
+
+# A URL parameter may be this long (characters, before percent-encoding). Together
+# with MAX_SEEDS and MAX_QUERY_CHARS it bounds the request line: 50 seeds of 4096
+# four-byte characters percent-encode to 2.4 MB, under MAX_REQUEST_LINE_BYTES, so
+# every request the schema allows reaches the app and gets a proper status code.
+MAX_URL_CHARS = 4096
+MAX_REQUEST_LINE_BYTES = 4 * 1024 * 1024
+Algorithm = Literal["pagerank", "wpr"]
+Url = Annotated[str, StringConstraints(min_length=1, max_length=MAX_URL_CHARS)]
+
+
+class ScoredPageModel(BaseModel):
+    url: str
+    score: float
+
+
+class HitsResponse(BaseModel):
+    """A HITS answer (see docs/hits.md for every field)."""
+
+    query: dict[str, Any]
+    authorities: list[ScoredPageModel]
+    hubs: list[ScoredPageModel]
+    root_size: int
+    base_size: int
+    links: int
+    intrinsic_dropped: int
+    iterations: int
+    error: float
+    graph_version: int
+    unknown_seeds: list[str]
+    cached: bool
+    timing_ms: dict[str, float]
+
+
+class TopResponse(BaseModel):
+    algorithm: str
+    entries: list[ScoredPageModel]
+    meta: dict[str, str]
+
+
+class ScoreResponse(BaseModel):
+    url: str
+    algorithm: str
+    score: float
+
+
+class StatusResponse(BaseModel):
+    graph: dict[str, str]
+    meta: dict[str, dict[str, str]]
+    consumer: dict[str, str]
+
+
+class ErrorResponse(BaseModel):
+    detail: str
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 502, 503)
+}
+
+
+def create_app(redis: Any, prefix: str, *, cache_ttl: int = DEFAULT_CACHE_TTL) -> FastAPI:
+    """The API over the graph and scores under ``prefix``, read through client ``redis``."""
+    keys = Keys(prefix)
+    app = FastAPI(
+        title="rankstream",
+        summary="Live PageRank / Weighted PageRank scores and on-demand HITS",
+        version="1",
+    )
+    _add_error_handlers(app)
+
+    @app.get("/hits", response_model=HitsResponse, responses=_ERRORS)
+    def get_hits(
+        q: Annotated[str | None, Query(min_length=1, max_length=MAX_QUERY_CHARS,
+                                       description="text query (title and anchor terms)")] = None,
+        seed: Annotated[list[Url] | None, Query(max_length=MAX_SEEDS,
+                                                description="seed URLs, instead of q")] = None,
+        k: Annotated[int, Query(ge=1, le=MAX_K)] = 10,
+        root_size: Annotated[int, Query(ge=1, le=MAX_ROOT_SIZE)] = 200,
+        max_in: Annotated[int, Query(ge=0, le=MAX_IN)] = 50,
+        keep_intrinsic: Annotated[bool, Query(description="keep same-host links")] = False,
+        host_weighting: Annotated[bool, Query(description="Bharat-Henzinger weights")] = False,
+        normalize: Annotated[Literal["l2", "sum"], Query()] = "l2",
+        max_iter: Annotated[int, Query(ge=1, le=MAX_ITER)] = 1000,
+        nocache: Annotated[bool, Query(description="bypass the answer cache")] = False,
+    ) -> dict[str, Any]:
+        """Hubs and authorities of the base set of a text query or of seed URLs."""
+        query = HitsQuery(
+            text=q, seeds=tuple(seed or ()), k=k, root_size=root_size, max_in=max_in,
+            drop_intrinsic=not keep_intrinsic, host_weighting=host_weighting,
+            normalize=normalize, max_iter=max_iter,
+        )
+        answer = run_hits(redis, prefix, query, cache_ttl=cache_ttl, use_cache=not nocache)
+        return answer.to_dict()
+
+    @app.get("/top", response_model=TopResponse, responses=_ERRORS)
+    def get_top(
+        algorithm: Annotated[Algorithm, Query()] = "pagerank",
+        k: Annotated[int, Query(ge=1, le=MAX_K)] = 10,
+    ) -> dict[str, Any]:
+        """The k best pages of a live ranking (paper-scale y) and its meta hash."""
+        with redis_errors("reading the top pages"):
+            pipe = redis.pipeline(transaction=False)
+            pipe.zrevrange(keys.scores(algorithm), 0, k - 1, withscores=True)
+            pipe.hgetall(keys.meta(algorithm))
+            entries, meta = pipe.execute()
+        return {
+            "algorithm": algorithm,
+            "entries": [{"url": _text(url), "score": score} for url, score in entries],
+            "meta": _text_map(meta),
+        }
+
+    @app.get("/score", response_model=ScoreResponse,
+             responses={**_ERRORS, 404: {"model": ErrorResponse}})
+    def get_score(
+        url: Annotated[Url, Query(description="page URL (canonicalised before lookup)")],
+        algorithm: Annotated[Algorithm, Query()] = "pagerank",
+    ) -> Any:
+        """One page's live score."""
+        try:
+            canonical = canonicalize_url(url)
+        except UrlError as exc:
+            raise InputError(f"bad URL: {exc}", where="url") from exc
+        with redis_errors("reading a score"):
+            score = redis.zscore(keys.scores(algorithm), canonical)
+        if score is None:
+            return JSONResponse({"detail": "no score for this URL"}, status_code=404)
+        return {"url": canonical, "algorithm": algorithm, "score": score}
+
+    @app.get("/status", response_model=StatusResponse, responses=_ERRORS)
+    def get_status() -> dict[str, Any]:
+        """Graph counters, each algorithm's meta (freshness, bound) and consumer health."""
+        with redis_errors("reading the status"):
+            pipe = redis.pipeline(transaction=False)
+            pipe.hgetall(keys.graph)
+            for algorithm in ALGORITHMS:
+                pipe.hgetall(keys.meta(algorithm))
+            pipe.hgetall(keys.status)
+            graph, *metas, consumer = pipe.execute()
+        return {
+            "graph": _text_map(graph),
+            "meta": {a: _text_map(m) for a, m in zip(ALGORITHMS, metas, strict=True)},
+            "consumer": _text_map(consumer),
+        }
+
+    return app
+
+
+def server_config(
+    app: FastAPI, *, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info"
+) -> uvicorn.Config:
+    """The uvicorn configuration ``rankstream serve`` (and the HTTP tests) run the app with.
+
+    h11's default 16 KiB limit on an incomplete request would cut off long but valid
+    seed lists with a connection reset instead of an answer; we raise it to
+    :data:`MAX_REQUEST_LINE_BYTES`.
+    """
+    return uvicorn.Config(
+        app, host=host, port=port, log_level=log_level,
+        h11_max_incomplete_event_size=MAX_REQUEST_LINE_BYTES,
+    )
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    statuses: list[tuple[type[RankstreamError], int]] = [
+        (InputError, 400),
+        (ConvergenceError, 422),
+        (ServiceUnavailable, 503),
+        (ServiceError, 502),
+    ]
+    for error_type, status in statuses:
+
+        def handler(_request: Request, exc: Exception, status: int = status) -> JSONResponse:
+            return JSONResponse({"detail": str(exc)}, status_code=status)
+
+        app.add_exception_handler(error_type, handler)
+
+
+def _text(raw: bytes | str) -> str:
+    return raw if isinstance(raw, str) else raw.decode()
+
+
+def _text_map(raw: dict[Any, Any]) -> dict[str, str]:
+    return {_text(k): _text(v) for k, v in raw.items()}

@@ -1,0 +1,173 @@
+"""Reading the event topic: manual assignment, seek to Redis offsets, batched polls.
+
+The consumer never lets Kafka decide where to start: it assigns every partition
+of the topic itself (no group rebalancing; one consumer per prefix is enforced by
+the Redis lease) and seeks to the offsets stored in Redis with the graph. Kafka's
+committed offsets for ``group_id`` are written after each batch purely so the
+usual lag tooling (kafka-consumer-groups.sh) sees progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rankstream.errors import ServiceError, ServiceUnavailable
+from rankstream.settings import Settings
+
+log = logging.getLogger("rankstream.consumer.kafka")
+
+# Fetch big chunks: a batch of 5000 page events with 10 links is about 3 MB.
+MAX_PARTITION_FETCH_BYTES = 8 * 1024 * 1024
+
+
+@contextlib.contextmanager
+def kafka_errors(what: str) -> Iterator[None]:
+    """Translate kafka-python errors; retriable ones become ServiceUnavailable."""
+    from kafka.errors import KafkaError
+
+    try:
+        yield
+    except KafkaError as exc:
+        retriable = getattr(exc, "retriable", False) or isinstance(exc, OSError)
+        cls = ServiceUnavailable if retriable else ServiceError
+        raise cls(f"kafka error while {what}: {exc!r}") from exc
+    except OSError as exc:
+        raise ServiceUnavailable(f"kafka unreachable while {what}: {exc}") from exc
+
+
+def kafka_options(settings: Settings) -> dict[str, Any]:
+    """Connection and security options shared by our consumer and DLQ producer."""
+    from rankstream.services.stack import kafka_client_options
+
+    options = kafka_client_options(settings)
+    options["bootstrap_servers"] = [s.strip() for s in settings.kafka_bootstrap.split(",")]
+    return options
+
+
+def ensure_topics(settings: Settings) -> None:
+    """Create the event and dead-letter topics if missing (idempotent)."""
+    from rankstream.services.kafka import ensure_topics as create
+    from rankstream.services.stack import kafka_client_options, topic_specs
+
+    create(settings.kafka_bootstrap, topic_specs(settings), **kafka_client_options(settings))
+
+
+@dataclass(frozen=True)
+class Record:
+    """One consumed message, reduced to what the consumer uses."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    timestamp_ms: int
+
+
+class KafkaSource:
+    """All partitions of one topic, manually assigned, positioned from Redis."""
+
+    def __init__(self, settings: Settings, *, client_id: str = "rankstream-consumer") -> None:
+        from kafka import KafkaConsumer
+
+        self.topic = settings.topic
+        with kafka_errors("connecting the consumer"):
+            self._consumer = KafkaConsumer(
+                client_id=client_id,
+                group_id=settings.group_id,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES,
+                fetch_max_bytes=64 * 1024 * 1024,
+                fetch_max_wait_ms=min(settings.poll_timeout_ms, 100),
+                receive_buffer_bytes=4 * 1024 * 1024,
+                max_poll_records=settings.batch_max_events,
+                **kafka_options(settings),
+            )
+        self._partitions: list[Any] = []
+
+    @property
+    def partitions(self) -> list[int]:
+        return [tp.partition for tp in self._partitions]
+
+    def assign(self, offsets: Mapping[int, int], *, wait_s: float = 30.0) -> list[int]:
+        """Assign every partition; seek each to ``offsets[p]`` or the beginning."""
+        from kafka import TopicPartition
+
+        deadline = time.monotonic() + wait_s
+        with kafka_errors(f"reading the partitions of {self.topic}"):
+            while True:
+                found = self._consumer.partitions_for_topic(self.topic)
+                if found:
+                    break
+                if time.monotonic() > deadline:
+                    raise ServiceUnavailable(f"topic {self.topic} has no partitions "
+                                             f"(does it exist?) after {wait_s:.0f} s")
+                time.sleep(0.5)
+            self._partitions = [TopicPartition(self.topic, p) for p in sorted(found)]
+            self._consumer.assign(self._partitions)
+        self.seek(offsets)
+        return self.partitions
+
+    def seek(self, offsets: Mapping[int, int]) -> None:
+        """Position every assigned partition at the Redis offset (beginning if none)."""
+        with kafka_errors("seeking"):
+            for tp in self._partitions:
+                stored = offsets.get(tp.partition)
+                if stored is None:
+                    self._consumer.seek_to_beginning(tp)
+                else:
+                    self._consumer.seek(tp, stored)
+
+    def poll(self, max_records: int, timeout_ms: int) -> list[Record]:
+        """Up to ``max_records`` messages, ordered by offset within each partition."""
+        with kafka_errors("polling"):
+            polled = self._consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        records: list[Record] = []
+        for tp, messages in polled.items():
+            records.extend(
+                Record(tp.partition, m.offset, m.key, m.value if m.value is not None else b"",
+                       m.timestamp)
+                for m in messages
+            )
+        return records
+
+    def end_offsets(self) -> dict[int, int]:
+        """The current log-end offset of every assigned partition (one round trip)."""
+        with kafka_errors("reading end offsets"):
+            ends = self._consumer.end_offsets(self._partitions)
+        return {tp.partition: int(off) for tp, off in ends.items()}
+
+    def highwaters(self) -> dict[int, int]:
+        """Log-end offsets learnt from the last fetches (free; missing before any fetch)."""
+        out: dict[int, int] = {}
+        for tp in self._partitions:
+            hw = self._consumer.highwater(tp)
+            if hw is not None:
+                out[tp.partition] = int(hw)
+        return out
+
+    def commit_for_monitoring(self, offsets: Mapping[int, int]) -> None:
+        """Commit ``offsets`` to the group asynchronously; failures only get logged."""
+        from kafka import TopicPartition
+        from kafka.structs import OffsetAndMetadata
+
+        payload = {TopicPartition(self.topic, p): OffsetAndMetadata(off, "", -1)
+                   for p, off in offsets.items()}
+        try:
+            self._consumer.commit_async(payload, callback=_log_commit_failure)
+        except Exception as exc:  # lag monitoring must never stop the pipeline
+            log.warning("kafka commit failed", extra={"fields": {"error": repr(exc)}})
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._consumer.close(autocommit=False)
+
+
+def _log_commit_failure(_offsets: Any, response: Any) -> None:
+    if isinstance(response, Exception):
+        log.warning("kafka commit failed", extra={"fields": {"error": repr(response)}})

@@ -1,0 +1,90 @@
+"""Redis key names under the configurable prefix (the public layout of docs/redis-keys.md).
+
+One place builds every key so the consumer, the readers and the tests cannot
+drift apart. Keys are ``str``; members and ids are decimal strings in Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ALGORITHMS: tuple[str, ...] = ("pagerank", "wpr")
+
+
+@dataclass(frozen=True)
+class Keys:
+    """All keys of one deployment, given its prefix ``P`` (default ``rs:``)."""
+
+    prefix: str
+
+    @property
+    def page_id(self) -> str:
+        """HASH canonical URL -> page id."""
+        return f"{self.prefix}page:id"
+
+    @property
+    def page_url(self) -> str:
+        """HASH page id -> canonical URL."""
+        return f"{self.prefix}page:url"
+
+    @property
+    def page_ts(self) -> str:
+        """HASH page id -> ts (epoch ms) of the last applied page/page_removed event."""
+        return f"{self.prefix}page:ts"
+
+    @property
+    def page_title(self) -> str:
+        """HASH page id -> title from its last page event."""
+        return f"{self.prefix}page:title"
+
+    @property
+    def page_removed(self) -> str:
+        """SET of ids of removed pages (ids are never reused; a later event revives)."""
+        return f"{self.prefix}page:removed"
+
+    def out_links(self, page_id: int) -> str:
+        """SET of ids that ``page_id`` links to."""
+        return f"{self.prefix}out:{page_id}"
+
+    def in_links(self, page_id: int) -> str:
+        """SET of ids linking to ``page_id``."""
+        return f"{self.prefix}in:{page_id}"
+
+    @property
+    def offsets(self) -> str:
+        """HASH "topic:partition" -> next offset to read (same MULTI as the graph)."""
+        return f"{self.prefix}offsets"
+
+    @property
+    def graph(self) -> str:
+        """HASH of graph counters (version, links, pages, ids, stale_ignored, dlq)."""
+        return f"{self.prefix}graph"
+
+    def scores(self, algorithm: str) -> str:
+        """ZSET canonical URL -> paper-scale score y."""
+        return f"{self.prefix}scores:{algorithm}"
+
+    def meta(self, algorithm: str) -> str:
+        """HASH describing the published scores of one algorithm."""
+        return f"{self.prefix}meta:{algorithm}"
+
+    @property
+    def status(self) -> str:
+        """HASH of consumer health and counters."""
+        return f"{self.prefix}status"
+
+    @property
+    def lock(self) -> str:
+        """STRING lease of the single running consumer (JSON holder, PX ttl)."""
+        return f"{self.prefix}lock"
+
+
+def offset_field(topic: str, partition: int) -> str:
+    """Field name of one partition in ``P offsets``."""
+    return f"{topic}:{partition}"
+
+
+def parse_offset_field(field: str) -> tuple[str, int]:
+    """Inverse of :func:`offset_field` (topic names cannot contain ':')."""
+    topic, _, partition = field.rpartition(":")
+    return topic, int(partition)

@@ -1,0 +1,253 @@
+"""Single-consumer guard: one lease key per key prefix, with fencing.
+
+Two consumers writing the same prefix would interleave their graph transactions
+and double-apply events, so exactly one may run. The guard is a Redis lease:
+
+* ``SET P lock VALUE NX PX ttl`` acquires it; VALUE is a JSON object with the
+  holder's host, pid, start time and a random token.
+* A daemon thread renews it every ``ttl/3`` with a compare-and-PEXPIRE done as
+  WATCH/GET/MULTI/PEXPIRE/EXEC (no Lua, so an ACL user limited to the key prefix
+  and the plain data commands is enough).
+* Every graph transaction and every score publication is *fenced*: it WATCHes the
+  lock key and checks the token before MULTI, so if the lease expired (the
+  process was frozen) and someone else took it, EXEC aborts and nothing is
+  written. :meth:`ConsumerLock.fenced` serialises renewal with those
+  transactions, because our own PEXPIRE would otherwise abort our own EXEC.
+* A holder that died by SIGKILL leaves its lease until the TTL expires; a new
+  consumer on the same host whose recorded pid no longer exists takes the lease
+  over at once instead of waiting.
+* A clean exit deletes the lease (compare-and-delete).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+
+from rankstream.errors import ServiceError, ServiceUnavailable
+
+log = logging.getLogger("rankstream.consumer.lock")
+
+DEFAULT_TTL_MS = 30_000
+
+
+class LockHeld(ServiceError):
+    """Another live consumer holds the lease on this key prefix."""
+
+
+class LockLost(ServiceError):
+    """Our lease expired or was taken over; writing now would not be safe."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lease, as recorded in the lock value."""
+
+    host: str
+    pid: int
+    since: str
+    token: str
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {"host": self.host, "pid": self.pid, "since": self.since, "token": self.token},
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | None) -> Holder | None:
+        """Parse a lock value; an unreadable value is reported as an unknown holder."""
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+            return cls(str(data["host"]), int(data["pid"]), str(data["since"]),
+                       str(data["token"]))
+        except (ValueError, KeyError, TypeError):
+            return cls("?", -1, "?", raw.decode("utf-8", "replace"))
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on host {self.host} since {self.since}"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ConsumerLock:
+    """The lease on ``{prefix}lock``; see the module docstring for the design."""
+
+    def __init__(self, client: redis.Redis, key: str, *, ttl_ms: int = DEFAULT_TTL_MS,
+                 host: str | None = None, pid: int | None = None) -> None:
+        if ttl_ms < 1000:
+            raise ValueError("lock ttl must be at least 1000 ms")
+        self.client = client
+        self.key = key
+        self.ttl_ms = ttl_ms
+        self.holder = Holder(
+            host=host or socket.gethostname(),
+            pid=os.getpid() if pid is None else pid,
+            since=datetime.now(UTC).isoformat(timespec="seconds"),
+            token=uuid.uuid4().hex,
+        )
+        self.value = self.holder.encode()
+        self._mutex = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lost = threading.Event()
+
+    # -- acquisition --------------------------------------------------------------
+    def acquire(self) -> None:
+        """Take the lease or raise :class:`LockHeld` naming the current holder."""
+        try:
+            if self.client.set(self.key, self.value, nx=True, px=self.ttl_ms):
+                self.lost.clear()
+                return
+            current: Any = self.client.get(self.key)
+            holder = Holder.decode(current)
+            if (current is not None and holder is not None
+                    and holder.host == self.holder.host and not _pid_alive(holder.pid)
+                    and self._compare_and_set(current)):
+                log.warning("took over the lease of a dead consumer",
+                            extra={"fields": {"dead_pid": holder.pid, "key": self.key}})
+                self.lost.clear()
+                return
+            if current is None:  # expired between SET and GET: try once more
+                if self.client.set(self.key, self.value, nx=True, px=self.ttl_ms):
+                    self.lost.clear()
+                    return
+                latest: Any = self.client.get(self.key)
+                holder = Holder.decode(latest)
+        except redis.RedisError as exc:
+            raise ServiceUnavailable(f"redis: cannot take the consumer lock: {exc}") from exc
+        who = holder.describe() if holder else "another consumer"
+        raise LockHeld(f"another consumer holds {self.key} ({who}); refusing to start")
+
+    def _compare_and_set(self, expected: bytes) -> bool:
+        with self.client.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(self.key)
+                if pipe.get(self.key) != expected:
+                    return False
+                pipe.multi()
+                pipe.set(self.key, self.value, px=self.ttl_ms)
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                return False
+
+    def still_ours(self) -> bool:
+        """Read the lease (no renewal): True while our token is recorded."""
+        try:
+            return bool(self.client.get(self.key) == self.value)
+        except redis.RedisError as exc:
+            raise ServiceUnavailable(f"redis: cannot read the consumer lock: {exc}") from exc
+
+    # -- renewal ------------------------------------------------------------------
+    def renew(self) -> bool:
+        """Extend the lease if it is still ours; False (and ``lost`` set) if not."""
+        with self._mutex, self.client.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(self.key)
+                if pipe.get(self.key) != self.value:
+                    self.lost.set()
+                    return False
+                pipe.multi()
+                pipe.pexpire(self.key, self.ttl_ms)
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                return self.renew_unlocked_check()
+
+    def renew_unlocked_check(self) -> bool:
+        ours = self.client.get(self.key) == self.value
+        if not ours:
+            self.lost.set()
+        return ours
+
+    def start_renewal(self) -> None:
+        """Renew every ttl/3 from a daemon thread until :meth:`release`."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._renew_loop, name="lock-renewal",
+                                        daemon=True)
+        self._thread.start()
+
+    def _renew_loop(self) -> None:
+        interval = self.ttl_ms / 3000.0
+        while not self._stop.wait(interval):
+            try:
+                if not self.renew():
+                    log.error("consumer lease lost", extra={"fields": {"key": self.key}})
+            except redis.RedisError as exc:
+                # Redis down: the transactions will wait for it too; keep trying.
+                log.warning("lease renewal failed",
+                            extra={"fields": {"key": self.key, "error": str(exc)}})
+
+    # -- fencing ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def fenced(self) -> Iterator[None]:
+        """Hold off renewal while the caller runs one WATCH-fenced transaction."""
+        with self._mutex:
+            yield
+
+    def check_in(self, pipe: Any) -> None:
+        """WATCH the lease on ``pipe`` and raise :class:`LockLost` unless it is ours."""
+        pipe.watch(self.key)
+        if pipe.get(self.key) != self.value:
+            self.lost.set()
+            raise LockLost(f"lost the consumer lock {self.key}")
+
+    def reacquire(self) -> bool:
+        """After a loss: take the lease again if it is free. False if another holds it."""
+        try:
+            self.acquire()
+        except LockHeld:
+            return False
+        return True
+
+    # -- release ------------------------------------------------------------------
+    def release(self) -> None:
+        """Stop renewing and delete the lease if it is still ours (best effort)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                with self._mutex, self.client.pipeline(transaction=True) as pipe:
+                    pipe.watch(self.key)
+                    if pipe.get(self.key) != self.value:
+                        return
+                    pipe.multi()
+                    pipe.delete(self.key)
+                    pipe.execute()
+                    return
+            except redis.WatchError:
+                continue
+            except redis.RedisError as exc:
+                log.warning("could not release the consumer lock",
+                            extra={"fields": {"key": self.key, "error": str(exc)}})
+                return

@@ -1,0 +1,167 @@
+"""The consumer's in-memory mirror of the Redis graph, and how one batch is planned.
+
+The mirror is a cache of what Redis holds: the :class:`ranker.LinkGraph` (inside
+:class:`ranker.LiveRanks`), the :class:`rankstream.graph_updates.EventApplier`
+with its last-ts record, the removed-page flags, the counters and the offsets.
+It is built from Redis at start (:meth:`Mirror.load`) and rebuilt whenever it may
+disagree with Redis (another writer took the lease in between). During normal
+operation it is updated only after the batch's transaction committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import redis
+
+from consumer.graph_write import GraphCounters, GraphWrite, plan_links
+from consumer.keys import Keys, offset_field
+from consumer.redis_store import StoredState, load_published, load_stored
+from rankstream.settings import Settings
+
+log = logging.getLogger("rankstream.consumer.mirror")
+
+
+@dataclass
+class PlannedBatch:
+    """A batch ready to commit: the Redis write, and what to apply afterwards."""
+
+    write: GraphWrite
+    applied: Any  # rankstream.graph_updates.AppliedEvents
+    partition_offsets: dict[int, int]
+    removed_ids: np.ndarray
+    revived_ids: np.ndarray
+    messages: int
+    dead_letters: int
+
+
+@dataclass
+class Mirror:
+    """Graph, ranks, applier and bookkeeping, consistent with Redis between batches."""
+
+    ranks: Any  # ranker.LiveRanks
+    applier: Any  # rankstream.graph_updates.EventApplier
+    removed_flag: np.ndarray
+    counters: GraphCounters
+    offsets: dict[int, int]  # partition -> next offset (committed in Redis)
+    topic: str
+    load_seconds: float = 0.0
+    start_reports: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def graph(self) -> Any:
+        return self.ranks.graph
+
+    @classmethod
+    def load(cls, client: redis.Redis, keys: Keys, settings: Settings,
+             warm: Mapping[str, np.ndarray] | None = None) -> Mirror:
+        """Rebuild everything from Redis and warm-start the engines.
+
+        ``warm`` overrides the published vectors as the warm start (used after a
+        recovery, when the in-memory vectors are at least as good).
+        """
+        from ranker.incremental import LiveRanks
+
+        from ranker.linkgraph import EdgeBatch, LinkGraph
+        from rankstream.graph_updates import NO_TS, EventApplier
+
+        started = time.perf_counter()
+        stored: StoredState = load_stored(client, keys, settings.topic)
+        graph = LinkGraph.from_id_edges(stored.edge_src, stored.edge_dst, stored.urls)
+        if stored.removed.size:
+            graph.apply(EdgeBatch(removed_pages=stored.removed))
+        n = graph.num_ids
+        last_ts = np.full(n, NO_TS, dtype=np.int64)
+        if stored.last_ts:
+            ids = np.fromiter(stored.last_ts.keys(), dtype=np.int64, count=len(stored.last_ts))
+            stamps = np.fromiter(stored.last_ts.values(), dtype=np.int64,
+                                 count=len(stored.last_ts))
+            inside = ids < n
+            last_ts[ids[inside]] = stamps[inside]
+        removed_flag = np.zeros(n, dtype=bool)
+        removed_flag[stored.removed] = True
+        loaded = time.perf_counter()
+        if warm is None:
+            warm = load_published(client, keys, graph.id_of, n)
+        else:
+            warm = {alg: np.asarray(vec[:n]) for alg, vec in warm.items()}
+        ranks = LiveRanks(graph, damping=settings.damping, tolerance=settings.tolerance,
+                          publish_threshold=settings.publish_threshold,
+                          max_iter=settings.max_iter)
+        reports = ranks.cold_start(warm=dict(warm) if warm else None)
+        counters = replace(stored.counters, ids=n, links=graph.num_links,
+                           pages=graph.num_live)
+        log.info("mirror loaded from redis", extra={"fields": {
+            "pages": counters.pages, "links": counters.links, "ids": n,
+            "version": counters.version, "load_seconds": round(loaded - started, 3),
+            "warm": sorted(warm), "rank_seconds": round(time.perf_counter() - loaded, 3),
+            "redis_read_seconds": round(stored.seconds, 3)}})
+        return cls(ranks=ranks, applier=EventApplier(graph, last_ts), removed_flag=removed_flag,
+                   counters=counters, offsets=dict(stored.offsets), topic=settings.topic,
+                   load_seconds=time.perf_counter() - started, start_reports=reports)
+
+    def plan(self, events: Sequence[Any], partition_offsets: Mapping[int, int],
+             messages: int, dead_letters: int) -> PlannedBatch:
+        """Interpret ``events`` (interning new URLs) and build the batch's Redis write.
+
+        ``partition_offsets`` are the next offsets after this batch. Nothing but
+        the applier's id interning and ts record changes here; if the write never
+        commits, the mirror must be rebuilt (see the module docstring).
+        """
+        graph = self.graph
+        ids_before = len(self.removed_flag)
+        applied = self.applier.apply(events)
+        planned = plan_links(graph, applied.batch)
+        live = graph.live_mask()
+        # intern() revives removed pages that events mention again.
+        revived = np.flatnonzero(self.removed_flag[:ids_before] & live[:ids_before])
+        counters = GraphCounters(
+            version=self.counters.version + applied.applied,
+            links=planned.links_after,
+            pages=int(live.sum()) - int(planned.removed_ids.size),
+            ids=graph.num_ids,
+            stale_ignored=self.counters.stale_ignored + applied.stale_ignored,
+            dlq=self.counters.dlq + dead_letters,
+        )
+        offsets = {offset_field(self.topic, p): off for p, off in partition_offsets.items()}
+        write = GraphWrite(
+            new_pages=applied.new_pages,
+            removed_ids=planned.removed_ids.tolist(),
+            revived_ids=revived.tolist(),
+            delete_src=planned.delete_src,
+            delete_dst=planned.delete_dst,
+            insert_src=planned.insert_src,
+            insert_dst=planned.insert_dst,
+            ts_updates=applied.ts_updates,
+            titles=applied.titles,
+            anchors=applied.anchors,
+            counters=counters,
+            offsets=offsets,
+        )
+        return PlannedBatch(write, applied, dict(partition_offsets), planned.removed_ids,
+                            revived, messages, dead_letters)
+
+    def apply_committed(self, batch: PlannedBatch) -> dict[str, Any]:
+        """After EXEC succeeded: apply the batch to the graph and engines."""
+        n = self.graph.num_ids
+        if n > len(self.removed_flag):
+            self.removed_flag = np.concatenate(
+                [self.removed_flag, np.zeros(n - len(self.removed_flag), dtype=bool)])
+        self.removed_flag[batch.revived_ids] = False
+        reports: dict[str, Any] = self.ranks.apply(batch.applied.batch)
+        self.removed_flag[batch.removed_ids] = True
+        self.counters = batch.write.counters
+        self.offsets.update(batch.partition_offsets)
+        if self.graph.num_links != self.counters.links:
+            log.error("link count of the mirror differs from the planned one", extra={
+                "fields": {"mirror": int(self.graph.num_links), "planned": self.counters.links}})
+        return reports
+
+    def offsets_fields(self) -> dict[str, int]:
+        """``P offsets`` as published in meta (topic:partition -> next offset)."""
+        return {offset_field(self.topic, p): off for p, off in sorted(self.offsets.items())}

@@ -1,0 +1,183 @@
+"""Reading published scores and consumer health straight from Redis.
+
+These functions are what `rankstream top/score/status` and the HTTP API call.
+They only read, never need the consumer to be running, and use the public key
+layout of docs/redis-keys.md (the same one a ``redis-cli`` user sees).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import redis
+
+from consumer.keys import ALGORITHMS, Keys
+from consumer.redis_store import redis_errors
+from rankstream.errors import InputError
+
+Scale = Literal["paper", "probability"]
+SCALES: tuple[str, ...] = ("paper", "probability")
+MAX_TOP_K = 10_000
+
+
+def _check_algorithm(algorithm: str) -> None:
+    if algorithm not in ALGORITHMS:
+        raise InputError(f"unknown algorithm {algorithm!r} (choose from {', '.join(ALGORITHMS)})",
+                         where="algorithm")
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _decode_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
+@dataclass(frozen=True)
+class Meta:
+    """``P meta:{algorithm}``, typed. ``published`` is False before the first publication."""
+
+    algorithm: str
+    published: bool
+    total: float = 0.0
+    bound: float = float("inf")
+    tolerance: float = 0.0
+    fresh: bool = False
+    version: int = 0
+    refreshed_at: str = ""
+    offsets: Mapping[str, int] | None = None
+    damping: float = 0.0
+    scale: str = "paper"
+    pages: int = 0
+
+    @classmethod
+    def from_hash(cls, algorithm: str, raw: Mapping[str, str]) -> Meta:
+        if not raw:
+            return cls(algorithm, published=False)
+        return cls(
+            algorithm=algorithm,
+            published=True,
+            total=float(raw.get("total", 0.0)),
+            bound=float(raw.get("bound", "inf")),
+            tolerance=float(raw.get("tolerance", 0.0)),
+            fresh=raw.get("fresh") == "1",
+            version=int(raw.get("version", 0)),
+            refreshed_at=raw.get("refreshed_at", ""),
+            offsets=json.loads(raw["offsets"]) if raw.get("offsets") else {},
+            damping=float(raw.get("damping", 0.0)),
+            scale=raw.get("scale", "paper"),
+            pages=int(raw.get("pages", 0)),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "algorithm": self.algorithm, "published": self.published, "total": self.total,
+            "bound": self.bound, "tolerance": self.tolerance, "fresh": self.fresh,
+            "version": self.version, "refreshed_at": self.refreshed_at,
+            "offsets": dict(self.offsets or {}), "damping": self.damping, "scale": self.scale,
+            "pages": self.pages,
+        }
+
+
+def meta(client: redis.Redis, prefix: str, algorithm: str) -> Meta:
+    """The meta hash of one algorithm."""
+    _check_algorithm(algorithm)
+    with redis_errors("reading the score meta"):
+        raw = client.hgetall(Keys(prefix).meta(algorithm))
+    return Meta.from_hash(algorithm, _decode_hash(raw))
+
+
+def top(client: redis.Redis, prefix: str, algorithm: str = "pagerank", k: int = 10,
+        scale: Scale = "paper") -> list[tuple[str, float]]:
+    """The ``k`` best pages as ``(url, score)``, best first.
+
+    ``scale="probability"`` divides by the published ``total`` (sum of y), so the
+    scores of all pages add up to 1.
+    """
+    _check_algorithm(algorithm)
+    if not 1 <= k <= MAX_TOP_K:
+        raise InputError(f"k must be between 1 and {MAX_TOP_K}", where="k")
+    if scale not in SCALES:
+        raise InputError(f"unknown scale {scale!r} (paper or probability)", where="scale")
+    keys = Keys(prefix)
+    with redis_errors("reading the top pages"), client.pipeline(transaction=True) as pipe:
+        # MULTI so the ZSET and the total come from the same publication.
+        pipe.zrevrange(keys.scores(algorithm), 0, k - 1, withscores=True)
+        pipe.hget(keys.meta(algorithm), "total")
+        rows, total_raw = pipe.execute()
+    divisor = 1.0
+    if scale == "probability":
+        total = float(total_raw) if total_raw else 0.0
+        divisor = total if total > 0 else 1.0
+    return [(_text(url), float(value) / divisor) for url, value in rows]
+
+
+def score(client: redis.Redis, prefix: str, url: str, algorithm: str = "pagerank",
+          scale: Scale = "paper") -> float | None:
+    """One URL's score (canonicalised first); None if the page has no published score."""
+    from producer.urls import UrlError, canonicalize_url
+
+    _check_algorithm(algorithm)
+    try:
+        canonical = canonicalize_url(url)
+    except UrlError as exc:
+        raise InputError(f"bad URL: {exc}", where="url") from exc
+    keys = Keys(prefix)
+    with redis_errors("reading a score"), client.pipeline(transaction=True) as pipe:
+        pipe.zscore(keys.scores(algorithm), canonical)
+        pipe.hget(keys.meta(algorithm), "total")
+        value, total_raw = pipe.execute()
+    if value is None:
+        return None
+    if scale == "probability":
+        total = float(total_raw) if total_raw else 0.0
+        return float(value) / total if total > 0 else float(value)
+    return float(value)
+
+
+def scores_of(client: redis.Redis, prefix: str, url: str) -> dict[str, float | None]:
+    """A URL's score under every algorithm (paper scale)."""
+    return {algorithm: score(client, prefix, url, algorithm) for algorithm in ALGORITHMS}
+
+
+def status(client: redis.Redis, prefix: str) -> dict[str, Any]:
+    """Consumer health, graph counters and per-algorithm meta, as one JSON-able dict."""
+    keys = Keys(prefix)
+    with redis_errors("reading the status"), client.pipeline(transaction=False) as pipe:
+        pipe.hgetall(keys.status)
+        pipe.hgetall(keys.graph)
+        pipe.hgetall(keys.offsets)
+        pipe.get(keys.lock)
+        for algorithm in ALGORITHMS:
+            pipe.hgetall(keys.meta(algorithm))
+        replies = pipe.execute()
+    consumer = _decode_hash(replies[0])
+    for name in ("lag", "bound", "fresh"):
+        if name in consumer:
+            with contextlib.suppress(ValueError):
+                consumer[name] = json.loads(consumer[name])
+    lock_raw = replies[3]
+    lock: Any = None
+    if lock_raw is not None:
+        try:
+            lock = json.loads(lock_raw)
+            lock.pop("token", None)
+        except ValueError:
+            lock = {"raw": _text(lock_raw)}
+    return {
+        "prefix": prefix,
+        "consumer": consumer,
+        "running": lock is not None,
+        "lock": lock,
+        "graph": {k: int(v) for k, v in _decode_hash(replies[1]).items()},
+        "offsets": {k: int(v) for k, v in _decode_hash(replies[2]).items()},
+        "algorithms": {
+            algorithm: Meta.from_hash(algorithm, _decode_hash(raw)).as_dict()
+            for algorithm, raw in zip(ALGORITHMS, replies[4:], strict=True)
+        },
+    }

@@ -1,0 +1,183 @@
+"""Redis connection, error translation, and reading the stored graph back.
+
+The write side (one MULTI/EXEC per batch) is :mod:`consumer.graph_write`. This
+module builds the client from settings and loads what a restart resumes from:
+the graph (pipelined, chunked reads), the last ts per page, the offsets and the
+counters, and the last published score vectors (warm start).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from consumer.graph_write import GraphCounters
+from consumer.keys import ALGORITHMS, Keys, parse_offset_field
+from rankstream.errors import ServiceError, ServiceUnavailable
+from rankstream.settings import Settings
+
+log = logging.getLogger("rankstream.consumer.store")
+
+READ_CHUNK = 5_000  # keys per pipelined read round trip
+REDIS_SOCKET_TIMEOUT_S = 30.0  # a 50k-command EXEC may take a while on a busy box
+
+
+def connect_redis(settings: Settings, *, client_name: str = "rankstream") -> redis.Redis:
+    """A redis-py client (hiredis parser when installed) built from settings.
+
+    Connection errors and timeouts are retried by redis-py itself with exponential
+    backoff (a few attempts, capped at 2 s); longer outages surface as
+    ``redis.ConnectionError`` for the caller's own bounded-backoff loop.
+    The password is taken from its SecretStr only here and never logged.
+    """
+    password = settings.redis_password.get_secret_value() if settings.redis_password else None
+    kwargs: dict[str, Any] = {
+        "username": settings.redis_username,
+        "password": password,
+        "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": 5.0,
+        "socket_keepalive": True,
+        "health_check_interval": 15,
+        "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=3),
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+        "client_name": client_name,
+    }
+    if settings.redis_ssl_ca_certs is not None:
+        kwargs["ssl_ca_certs"] = str(settings.redis_ssl_ca_certs)
+    try:
+        return redis.Redis.from_url(settings.redis_url, **kwargs)
+    except (ValueError, redis.RedisError) as exc:
+        raise ServiceError(f"bad redis settings: {exc}") from exc
+
+
+@contextlib.contextmanager
+def redis_errors(what: str) -> Iterator[None]:
+    """Translate redis-py errors: unreachable -> ServiceUnavailable, others -> ServiceError."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise ServiceUnavailable(f"redis unavailable while {what}: {exc}") from exc
+    except redis.RedisError as exc:
+        raise ServiceError(f"redis error while {what}: {exc}") from exc
+
+
+@dataclass
+class StoredState:
+    """The graph and bookkeeping as Redis holds them (what a restart resumes from)."""
+
+    urls: list[str]  # by page id
+    removed: np.ndarray  # ids of removed pages
+    edge_src: np.ndarray
+    edge_dst: np.ndarray
+    last_ts: dict[int, int]
+    offsets: dict[int, int]  # partition of the consumed topic -> next offset
+    counters: GraphCounters
+    seconds: float = 0.0
+
+
+def _hscan_all(client: redis.Redis, key: str) -> dict[bytes, bytes]:
+    out: dict[bytes, bytes] = {}
+    cursor = 0
+    while True:
+        reply: Any = client.hscan(key, cursor, count=10_000)
+        cursor, chunk = reply
+        out.update(chunk)
+        if cursor == 0:
+            return out
+
+
+def load_stored(client: redis.Redis, keys: Keys, topic: str) -> StoredState:
+    """Read the whole stored graph back, pipelined in chunks of :data:`READ_CHUNK` keys."""
+    started = time.perf_counter()
+    with redis_errors("loading the graph"):
+        raw_urls = _hscan_all(client, keys.page_url)
+        num_ids = len(raw_urls)
+        urls: list[str] = [""] * num_ids
+        for raw_id, raw_url in raw_urls.items():
+            pid = int(raw_id)
+            if not 0 <= pid < num_ids:
+                raise ServiceError(f"{keys.page_url} is not dense: id {pid} of {num_ids}")
+            urls[pid] = raw_url.decode("utf-8")
+        del raw_urls
+        src_parts: list[np.ndarray] = []
+        dst_parts: list[np.ndarray] = []
+        for begin in range(0, num_ids, READ_CHUNK):
+            ids = range(begin, min(begin + READ_CHUNK, num_ids))
+            with client.pipeline(transaction=False) as pipe:
+                for pid in ids:
+                    pipe.smembers(keys.out_links(pid))
+                replies = pipe.execute()
+            for pid, members in zip(ids, replies, strict=True):
+                if members:
+                    dst = np.array(list(members), dtype=np.bytes_).astype(np.int32)
+                    dst_parts.append(dst)
+                    src_parts.append(np.full(len(dst), pid, dtype=np.int32))
+        removed_raw = client.smembers(keys.page_removed)
+        removed = np.array(sorted(int(x) for x in removed_raw), dtype=np.int32)
+        last_ts = {int(k): int(v) for k, v in _hscan_all(client, keys.page_ts).items()}
+        offsets: dict[int, int] = {}
+        stored_offsets: Any = client.hgetall(keys.offsets)
+        for name, value in stored_offsets.items():
+            owner, partition = parse_offset_field(name.decode())
+            if owner == topic:
+                offsets[partition] = int(value)
+        graph_hash: Any = client.hgetall(keys.graph)
+        counters = GraphCounters.from_redis(graph_hash)
+    empty = np.empty(0, np.int32)
+    return StoredState(
+        urls=urls,
+        removed=removed,
+        edge_src=np.concatenate(src_parts) if src_parts else empty,
+        edge_dst=np.concatenate(dst_parts) if dst_parts else empty,
+        last_ts=last_ts,
+        offsets=offsets,
+        counters=counters,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def load_published(client: redis.Redis, keys: Keys, url_to_id: Any, num_ids: int,
+                   algorithms: Sequence[str] = ALGORITHMS) -> dict[str, np.ndarray]:
+    """The last published score vectors, by page id (warm start after a restart).
+
+    ``url_to_id`` maps a URL to its id or None. Pages missing from a ZSET get 0.
+    An algorithm with an empty ZSET is left out (the engine starts it cold).
+    """
+    warm: dict[str, np.ndarray] = {}
+    with redis_errors("loading the published scores"):
+        for algorithm in algorithms:
+            vector = np.zeros(num_ids, dtype=np.float64)
+            seen = 0
+            cursor = 0
+            while True:
+                reply: Any = client.zscan(keys.scores(algorithm), cursor, count=10_000)
+                cursor, chunk = reply
+                for member, score in chunk:
+                    pid = url_to_id(member.decode("utf-8"))
+                    if pid is not None and pid < num_ids:
+                        vector[pid] = score
+                        seen += 1
+                if cursor == 0:
+                    break
+            if seen:
+                warm[algorithm] = vector
+    return warm
+
+
+def read_meta_offsets(client: redis.Redis, keys: Keys, algorithm: str) -> dict[str, int]:
+    """The offsets the published scores of ``algorithm`` reflect ({} if never published)."""
+    with redis_errors("reading the score meta"):
+        raw = client.hget(keys.meta(algorithm), "offsets")
+    if not raw:
+        return {}
+    return {str(k): int(v) for k, v in json.loads(raw).items()}

@@ -1,0 +1,376 @@
+"""`rankstream consume`: the loop from Kafka to the Redis graph and live scores.
+
+One iteration: poll a batch -> validate (invalid -> dead-letter topic, confirmed)
+-> interpret into one net edge batch -> ONE fenced MULTI/EXEC with the graph
+changes and the next offsets -> apply to the in-memory engines -> publish the
+moved scores and meta (one more MULTI/EXEC) -> commit offsets to Kafka (for lag
+tools only) -> status heartbeat.
+
+Failure handling (the decisions, see docs/redis-keys.md):
+
+* Redis errors around a transaction: the identical write is retried with bounded
+  exponential backoff (0.1 s doubling to 5 s, with jitter; never a hot loop).
+  The write is idempotent, so a retry after an EXEC that did commit is harmless,
+  and the mirror stays valid: it is only updated after EXEC succeeds.
+* Lease lost (frozen past its TTL): if the lease is free we take it again; if
+  Redis shows that nobody wrote in between (same graph version and offsets) we
+  carry on, otherwise the batch is dropped, the mirror is rebuilt from Redis and
+  Kafka is re-positioned at the Redis offsets. If another consumer holds the
+  lease we stop with an error.
+* Kafka errors while polling or sending dead letters: retried with the same
+  backoff (dead letters may be sent twice; never lost).
+* SIGTERM/SIGINT: the current batch is finished and published, then a clean exit
+  (0). While Redis is down a stop request waits at most ``stop_grace_s`` more.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, TypeVar
+
+import redis
+
+from consumer.dead_letters import DeadLetter, DeadLetterSender
+from consumer.graph_write import commit_graph
+from consumer.jsonlog import safe_address
+from consumer.kafka_source import KafkaSource, Record, ensure_topics
+from consumer.keys import Keys
+from consumer.lock import DEFAULT_TTL_MS, ConsumerLock, LockHeld, LockLost
+from consumer.mirror import Mirror, PlannedBatch
+from consumer.redis_store import connect_redis, redis_errors
+from consumer.score_publisher import ScorePublisher
+from consumer.stats import ConsumerStats, iso_now, lag_by_partition
+from rankstream.errors import InputError, ServiceUnavailable
+from rankstream.settings import Settings
+
+log = logging.getLogger("rankstream.consumer")
+
+T = TypeVar("T")
+
+RETRYABLE = (redis.ConnectionError, redis.TimeoutError, ServiceUnavailable)
+
+
+@dataclass(frozen=True)
+class ConsumeOptions:
+    """Run-time options of one consumer process (the CLI flags)."""
+
+    until_caught_up: bool = False
+    max_seconds: float | None = None
+    lock_ttl_ms: int = DEFAULT_TTL_MS
+    bulk_writes: bool = True
+    status_interval_s: float = 1.0
+    backoff_initial_s: float = 0.1
+    backoff_max_s: float = 5.0
+    stop_grace_s: float = 30.0
+    startup_wait_s: float = 60.0
+
+
+class MirrorStale(Exception):
+    """Someone else wrote the prefix while we did not hold the lease: rebuild."""
+
+
+class ConsumerService:
+    """One consumer process; :meth:`run` returns the exit code."""
+
+    def __init__(self, settings: Settings, options: ConsumeOptions | None = None) -> None:
+        from producer.schema import Limits
+
+        self.settings = settings
+        self.options = options or ConsumeOptions()
+        self.keys = Keys(settings.key_prefix)
+        self.limits = Limits.from_settings(settings)
+        self.stats = ConsumerStats()
+        self.stop_event = threading.Event()
+        self.stop_reason = ""
+        self._stop_requested_at: float | None = None
+        self.redis = connect_redis(settings, client_name="rankstream-consumer")
+        self.lock = ConsumerLock(self.redis, self.keys.lock, ttl_ms=self.options.lock_ttl_ms)
+        self.publisher = ScorePublisher(self.redis, self.keys, damping=settings.damping,
+                                        tolerance=settings.tolerance)
+        self.mirror: Mirror | None = None
+        self.source: KafkaSource | None = None
+        self.dlq: DeadLetterSender | None = None
+        self._last_status = 0.0
+        self._targets: dict[int, int] | None = None
+        self._holding = False  # status is written only while we hold the lease
+
+    # -- signals --------------------------------------------------------------------
+    def request_stop(self, reason: str) -> None:
+        if not self.stop_event.is_set():
+            self.stop_reason = reason
+            self._stop_requested_at = time.monotonic()
+            self.stop_event.set()
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: FrameType | None) -> None:
+            self.request_stop(signal.Signals(signum).name)
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    # -- retry ----------------------------------------------------------------------
+    def _sleep_backoff(self, attempt: int) -> None:
+        base = min(self.options.backoff_max_s,
+                   self.options.backoff_initial_s * (2 ** min(attempt, 16)))
+        # Full jitter in [base/2, base]: no thundering herd, never a hot loop.
+        time.sleep(base * (0.5 + random.random() / 2))
+
+    def _retry(self, what: str, action: Callable[[], T]) -> T:
+        attempt = 0
+        while True:
+            try:
+                return action()
+            except RETRYABLE as exc:
+                attempt += 1
+                self.stats.retries += 1
+                if (self._stop_requested_at is not None
+                        and time.monotonic() - self._stop_requested_at > self.options.stop_grace_s):
+                    raise ServiceUnavailable(f"gave up {what} after the stop request: {exc}"
+                                             ) from exc
+                log.warning("retrying", extra={"fields": {"what": what, "attempt": attempt,
+                                                          "error": str(exc)[:300]}})
+                self._set_state("waiting")
+                self._sleep_backoff(attempt - 1)
+
+    # -- lifecycle ------------------------------------------------------------------
+    def _wait_for_redis(self) -> None:
+        deadline = time.monotonic() + self.options.startup_wait_s
+        attempt = 0
+        while True:
+            try:
+                with redis_errors("connecting"):
+                    self.redis.ping()
+                return
+            except ServiceUnavailable:
+                if time.monotonic() > deadline or self.stop_event.is_set():
+                    raise
+                self._sleep_backoff(attempt)
+                attempt += 1
+
+    def start(self) -> None:
+        """Lease, topics, mirror, Kafka position: everything before the first poll."""
+        settings = self.settings
+        self._wait_for_redis()
+        self.lock.acquire()
+        self._holding = True
+        self.lock.start_renewal()
+        log.info("consumer starting", extra={"fields": {
+            "redis": safe_address(settings.redis_url), "kafka": settings.kafka_bootstrap,
+            "topic": settings.topic, "prefix": settings.key_prefix, "pid": self.stats.pid}})
+        self._retry("creating topics", lambda: ensure_topics(settings))
+        self.mirror = self._retry("loading the mirror",
+                                  lambda: Mirror.load(self.redis, self.keys, settings))
+        self.stats.load_seconds = self.mirror.load_seconds
+        self._publish(self.mirror.start_reports, ())
+        self.source = self._retry("connecting to kafka", lambda: KafkaSource(settings))
+        self.dlq = self._retry("connecting the dlq producer", lambda: DeadLetterSender(settings))
+        partitions = self._retry("assigning partitions",
+                                 lambda: self._source().assign(self._mirror().offsets))
+        if self.options.until_caught_up:
+            self._targets = self._retry("reading end offsets", self._source().end_offsets)
+        log.info("consuming", extra={"fields": {"partitions": partitions,
+                                                "offsets": self._mirror().offsets,
+                                                "targets": self._targets}})
+        self._set_state("running")
+
+    def _mirror(self) -> Mirror:
+        assert self.mirror is not None
+        return self.mirror
+
+    def _source(self) -> KafkaSource:
+        assert self.source is not None
+        return self.source
+
+    def run(self) -> int:
+        """Start, loop until stopped or caught up, shut down. Returns the exit code."""
+        started = time.monotonic()
+        try:
+            self.start()
+            while not self.stop_event.is_set():
+                if (self.options.max_seconds is not None
+                        and time.monotonic() - started >= self.options.max_seconds):
+                    self.request_stop("max-seconds")
+                    break
+                self.step()
+                if self._caught_up():
+                    self.request_stop("caught-up")
+        finally:
+            self.shutdown()
+        log.info("consumer stopped", extra={"fields": {
+            "reason": self.stop_reason, "events": self.stats.events,
+            "batches": self.stats.batches}})
+        return 0
+
+    def _caught_up(self) -> bool:
+        if self._targets is None:
+            return False
+        positions = self._mirror().offsets
+        return all(positions.get(p, 0) >= end for p, end in self._targets.items() if end > 0)
+
+    def shutdown(self) -> None:
+        if self._holding:
+            self._set_state("stopped", force=True)
+        if self.source is not None:
+            self.source.close()
+        if self.dlq is not None:
+            self.dlq.close()
+        self.lock.release()
+        self.redis.close()
+
+    # -- one batch ------------------------------------------------------------------
+    def step(self) -> int:
+        """Poll and process one batch; returns the number of messages handled."""
+        source = self._source()
+        try:
+            records = source.poll(self.settings.batch_max_events, self.settings.poll_timeout_ms)
+        except ServiceUnavailable as exc:
+            log.warning("poll failed", extra={"fields": {"error": str(exc)[:300]}})
+            self._sleep_backoff(0)
+            return 0
+        if not records:
+            self._heartbeat()
+            return 0
+        try:
+            self.process(records)
+        except MirrorStale:
+            self._rebuild()
+        return len(records)
+
+    def process(self, records: list[Record]) -> None:
+        """Validate, commit, apply and publish one polled batch."""
+        from producer.schema import decode_event
+
+        started = time.perf_counter()
+        mirror = self._mirror()
+        events: list[Any] = []
+        letters: list[DeadLetter] = []
+        next_offsets: dict[int, int] = {}
+        for record in records:
+            try:
+                events.append(decode_event(record.value, self.limits))
+            except InputError as exc:
+                letters.append(DeadLetter(record, str(exc)))
+            if record.offset + 1 > next_offsets.get(record.partition, -1):
+                next_offsets[record.partition] = record.offset + 1
+        planned = mirror.plan(events, next_offsets, len(records), len(letters))
+        if letters:
+            dlq = self.dlq
+            assert dlq is not None
+            self._retry("sending dead letters", lambda: dlq.send(letters))
+            self.stats.dlq_sent += len(letters)
+        self._commit(planned)
+        reports = mirror.apply_committed(planned)
+        self._publish(reports, planned.removed_ids.tolist())
+        self._source().commit_for_monitoring(next_offsets)
+        self.stats.record_batch(len(records), planned.write.link_changes,
+                                time.perf_counter() - started)
+        self._heartbeat()
+
+    def _commit(self, planned: PlannedBatch) -> None:
+        mirror = self._mirror()
+        bulk = self.options.bulk_writes
+
+        def attempt() -> int:
+            return commit_graph(self.redis, self.keys, planned.write, fence=self.lock, bulk=bulk)
+
+        while True:
+            try:
+                self._retry("committing the graph", attempt)
+                return
+            except (LockLost, redis.WatchError):
+                self._regain_lease(mirror)
+
+    def _regain_lease(self, mirror: Mirror) -> None:
+        """The lease changed under a transaction: continue, rebuild or stop."""
+        if self._retry("checking the lease", self.lock.still_ours):
+            return  # the WATCH tripped for another reason (e.g. our key expired and came back)
+        if not self._retry("taking the lease again", self.lock.reacquire):
+            raise LockHeld(f"another consumer took {self.keys.lock} while this one was "
+                           "stalled; stopping")
+        with redis_errors("checking for foreign writes"):
+            stored_version = self.redis.hget(self.keys.graph, "version")
+            stored_offsets = self.redis.hgetall(self.keys.offsets)
+        ours = {k.encode(): str(v).encode() for k, v in mirror.offsets_fields().items()}
+        same_version = int(stored_version or 0) == mirror.counters.version
+        if same_version and dict(stored_offsets) == ours:
+            log.warning("lease re-taken; nobody wrote meanwhile, continuing")
+            return
+        log.warning("lease re-taken after a foreign write; rebuilding the mirror")
+        raise MirrorStale()
+
+    def _rebuild(self) -> None:
+        old = self._mirror()
+        warm = {alg: old.ranks.scores(alg) for alg in old.start_reports}
+        self.mirror = self._retry("rebuilding the mirror",
+                                  lambda: Mirror.load(self.redis, self.keys, self.settings,
+                                                      warm=warm))
+        self._publish(self.mirror.start_reports, ())
+        self._retry("seeking", lambda: self._source().seek(self._mirror().offsets))
+
+    def _publish(self, reports: dict[str, Any], removed_ids: Any) -> None:
+        if not reports:
+            return
+        mirror = self._mirror()
+        started = time.perf_counter()
+
+        def attempt() -> Any:
+            return self.publisher.publish(mirror.ranks, reports, version=mirror.counters.version,
+                                          offsets=mirror.offsets_fields(),
+                                          removed_ids=removed_ids, fence=self.lock)
+
+        while True:
+            try:
+                published = self._retry("publishing scores", attempt)
+                break
+            except (LockLost, redis.WatchError):
+                self._regain_lease(mirror)
+        self.stats.last_refresh_at = iso_now()
+        self.stats.last_refresh_seconds = time.perf_counter() - started
+        for item in published:
+            self.stats.bound[item.algorithm] = item.bound
+            self.stats.fresh[item.algorithm] = item.fresh
+
+    # -- status ---------------------------------------------------------------------
+    def _set_state(self, state: str, *, force: bool = False) -> None:
+        if self.stats.state != state:
+            self.stats.state = state
+            self._heartbeat(force=True)
+        elif force:
+            self._heartbeat(force=True)
+
+    def _heartbeat(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self._holding:
+            return
+        if not force and now - self._last_status < self.options.status_interval_s:
+            return
+        self._last_status = now
+        mirror = self.mirror
+        if self.source is not None and mirror is not None:
+            self.stats.lag = lag_by_partition(self.source.highwaters(), mirror.offsets)
+        counters = mirror.counters if mirror is not None else None
+        fields = self.stats.status_fields(
+            topic=self.settings.topic,
+            version=counters.version if counters else 0,
+            stale_ignored=counters.stale_ignored if counters else 0,
+            dlq_total=counters.dlq if counters else 0)
+        try:
+            self.redis.hset(self.keys.status, mapping=fields)  # type: ignore[arg-type]
+        except redis.RedisError as exc:
+            log.warning("status write failed", extra={"fields": {"error": str(exc)[:300]}})
+
+
+def run_consumer(settings: Settings, options: ConsumeOptions | None = None, *,
+                 handle_signals: bool = True) -> int:
+    """Build and run a consumer; errors are RankstreamError subclasses."""
+    service = ConsumerService(settings, options)
+    if handle_signals:
+        service.install_signal_handlers()
+    return service.run()

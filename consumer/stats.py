@@ -1,0 +1,113 @@
+"""Health and counters of the running consumer, published to ``P status``.
+
+``rankstream status`` (and the HTTP API) read that hash; every value is a string
+(JSON for the per-partition maps) so ``redis-cli HGETALL rs:status`` stays readable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+
+def iso_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+class RateMeter:
+    """Events per second over a sliding window of recent batches."""
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def add(self, count: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._samples.append((now, count))
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self._samples and now - self._samples[0][0] > self.window_s:
+            self._samples.popleft()
+
+    def rate(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        self._trim(now)
+        if not self._samples:
+            return 0.0
+        # At least one second, so a single fresh sample does not read as a huge rate.
+        span = max(now - self._samples[0][0], 1.0)
+        return sum(c for _, c in self._samples) / span
+
+
+def lag_by_partition(ends: Mapping[int, int], positions: Mapping[int, int]) -> dict[int, int]:
+    """Messages not yet consumed, per partition (never negative)."""
+    return {p: max(0, int(end) - int(positions.get(p, 0))) for p, end in ends.items()}
+
+
+@dataclass
+class ConsumerStats:
+    """Counters the loop updates; :meth:`status_fields` renders them for Redis."""
+
+    started_at: str = field(default_factory=iso_now)
+    pid: int = field(default_factory=os.getpid)
+    host: str = field(default_factory=socket.gethostname)
+    state: str = "starting"
+    batches: int = 0
+    events: int = 0  # messages consumed (valid and invalid)
+    link_changes: int = 0
+    dlq_sent: int = 0  # this process (the graph hash holds the all-time count)
+    retries: int = 0
+    last_batch_seconds: float = 0.0
+    last_refresh_at: str = ""
+    last_refresh_seconds: float = 0.0
+    bound: dict[str, float] = field(default_factory=dict)
+    fresh: dict[str, bool] = field(default_factory=dict)
+    lag: dict[int, int] = field(default_factory=dict)
+    load_seconds: float = 0.0
+    events_meter: RateMeter = field(default_factory=RateMeter)
+    links_meter: RateMeter = field(default_factory=RateMeter)
+
+    def record_batch(self, messages: int, link_changes: int, seconds: float) -> None:
+        now = time.monotonic()
+        self.batches += 1
+        self.events += messages
+        self.link_changes += link_changes
+        self.last_batch_seconds = seconds
+        self.events_meter.add(messages, now)
+        self.links_meter.add(link_changes, now)
+
+    def status_fields(self, *, topic: str, version: int, stale_ignored: int,
+                      dlq_total: int) -> dict[str, str]:
+        """The ``P status`` hash (all strings)."""
+        total_lag = sum(self.lag.values())
+        return {
+            "state": self.state,
+            "pid": str(self.pid),
+            "host": self.host,
+            "started_at": self.started_at,
+            "heartbeat_at": iso_now(),
+            "topic": topic,
+            "events_per_s": f"{self.events_meter.rate():.1f}",
+            "link_changes_per_s": f"{self.links_meter.rate():.1f}",
+            "events": str(self.events),
+            "batches": str(self.batches),
+            "last_batch_seconds": f"{self.last_batch_seconds:.4f}",
+            "lag": json.dumps({str(p): v for p, v in sorted(self.lag.items())}),
+            "lag_total": str(total_lag),
+            "dlq": str(dlq_total),
+            "stale_ignored": str(stale_ignored),
+            "version": str(version),
+            "retries": str(self.retries),
+            "last_refresh_at": self.last_refresh_at,
+            "last_refresh_seconds": f"{self.last_refresh_seconds:.4f}",
+            "bound": json.dumps(self.bound),
+            "fresh": json.dumps({k: int(v) for k, v in self.fresh.items()}),
+            "load_seconds": f"{self.load_seconds:.3f}",
+        }

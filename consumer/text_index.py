@@ -1,0 +1,238 @@
+"""The small inverted index behind text HITS queries: title and anchor terms -> pages.
+
+Kleinberg's root set is "the pages relevant to the query". rankstream finds them
+in an inverted index of each page's *title* and of the *anchor text of the links
+pointing to it* (anchor text describes the target, often better than the target
+describes itself). Both arrive in ``page`` events; the consumer adds them in the
+same MULTI/EXEC transaction as the graph change (:func:`index_text`).
+
+Indexing steps (the seeds' classic ones): Unicode NFKC, case folding, split into
+runs of letters and digits (underscores and punctuation separate words), drop
+words in :data:`STOP_WORDS`, drop words longer than :data:`MAX_TERM_CHARS`. At
+most :data:`MAX_TERMS_PER_TEXT` distinct terms are kept per text, so a hostile
+anchor cannot blow up Redis.
+
+Redis keys (prefix ``P``):
+
+``P term:{term}``  SET of page ids (decimal strings) whose title or incoming anchor
+text contains ``term``.
+
+The index only grows: a page whose title changes, or that loses the link carrying
+an anchor, keeps its old terms (removing them would need a read inside the
+consumer's write transaction). The effect is a slightly larger candidate set for
+a query, never a wrong HITS score: HITS runs on the live links.
+
+Matching (:func:`match`): ``ZUNION`` of the query terms' sets gives every matching
+page with its number of matching terms (a SET member counts 1 per key); pages are
+ranked by that count, then by PageRank (``ZMSCORE P scores:pagerank``), then by
+URL, and the first ``limit`` are returned; removed pages (``P page:removed``) are
+skipped. Three round trips, none per page.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rankstream.errors import InputError
+
+__all__ = [
+    "MAX_MATCH_CANDIDATES",
+    "MAX_QUERY_TERMS",
+    "MAX_TERMS_PER_TEXT",
+    "MAX_TERM_CHARS",
+    "STOP_WORDS",
+    "TextMatch",
+    "index_page_text",
+    "index_text",
+    "match",
+    "query_terms",
+    "term_key",
+    "tokenize",
+]
+
+# A short English stop-word list in the spirit of the classic SMART / van Rijsbergen
+# lists: articles, pronouns, auxiliaries, prepositions and conjunctions, plus the
+# boiler-plate words of anchor text ("click here", "more", "link"). Kept short on
+# purpose: words like "python", "set" or "list" must stay searchable.
+_STOP_WORDS_TEXT = """
+    a about above after again against all am an and any are as at be because been
+    before being below between both but by can could did do does doing down during
+    each few for from further had has have having he her here hers herself him himself
+    his how i if in into is it its itself just me more most my myself no nor not of off
+    on once only or other our ours ourselves out over own same she should so some such
+    than that the their theirs them themselves then there these they this those through
+    to too under until up very was we were what when where which while who whom why
+    will with would you your yours yourself yourselves s t
+    click link links home next previous prev
+"""
+STOP_WORDS: frozenset[str] = frozenset(_STOP_WORDS_TEXT.split())
+
+MAX_TERM_CHARS = 64
+MAX_TERMS_PER_TEXT = 32
+MAX_QUERY_TERMS = 16
+# When more pages tie on the lowest matching-term count that still reaches the
+# limit, at most this many of them are ranked by PageRank (the lowest ids, i.e. the
+# pages seen first, are kept): it bounds one query's work on a huge graph where a
+# common word matches a large share of all pages.
+MAX_MATCH_CANDIDATES = 20_000
+
+_WORD_RE = re.compile(r"[^\W_]+")
+
+
+def term_key(prefix: str, term: str) -> str:
+    """The Redis key of ``term``'s posting set."""
+    return f"{prefix}term:{term}"
+
+
+def tokenize(text: str, *, max_terms: int = MAX_TERMS_PER_TEXT) -> list[str]:
+    """Distinct index terms of ``text``, in order of first appearance.
+
+    >>> tokenize("The Python Tutorial: the __init__ method, Über-Klasse")
+    ['python', 'tutorial', 'init', 'method', 'über', 'klasse']
+    """
+    normal = unicodedata.normalize("NFKC", text).casefold()
+    seen: dict[str, None] = {}
+    for word in _WORD_RE.findall(normal):
+        if len(word) > MAX_TERM_CHARS or word in STOP_WORDS or word in seen:
+            continue
+        seen[word] = None
+        if len(seen) >= max_terms:
+            break
+    return list(seen)
+
+
+def query_terms(query: str) -> list[str]:
+    """The sorted distinct terms of a text query (the query's normal form).
+
+    Raises:
+        InputError: the query has no searchable term (empty, or only stop words),
+            or more than :data:`MAX_QUERY_TERMS` distinct terms.
+    """
+    terms = tokenize(query, max_terms=MAX_QUERY_TERMS + 1)
+    if not terms:
+        raise InputError("query has no searchable terms (empty or only stop words)", where="q")
+    if len(terms) > MAX_QUERY_TERMS:
+        raise InputError(f"query has more than {MAX_QUERY_TERMS} distinct terms", where="q")
+    return sorted(terms)
+
+
+def index_text(
+    pipe: Any,
+    prefix: str,
+    titles: Mapping[int, str],
+    anchors: Iterable[tuple[int, int, str]],
+) -> int:
+    """Queue the index additions for one consumer batch on ``pipe``; return the command count.
+
+    Args:
+        pipe: a redis-py pipeline (transactional or not); nothing is executed here.
+        prefix: the key prefix.
+        titles: page id -> title, from the batch's ``page`` events.
+        anchors: ``(src id, dst id, anchor text)`` triples; the text indexes ``dst``.
+
+    Postings are grouped per term, so a batch costs one ``SADD`` per distinct term,
+    however many pages share it.
+    """
+    postings: defaultdict[str, set[int]] = defaultdict(set)
+    for page_id, title in titles.items():
+        for term in tokenize(title):
+            postings[term].add(page_id)
+    for _src, dst, text in anchors:
+        if text:
+            for term in tokenize(text):
+                postings[term].add(dst)
+    for term, page_ids in postings.items():
+        pipe.sadd(term_key(prefix, term), *page_ids)
+    return len(postings)
+
+
+def index_page_text(
+    pipe: Any,
+    prefix: str,
+    page_id: int,
+    title: str | None = None,
+    anchor_texts: Iterable[str] = (),
+) -> int:
+    """Queue one page's title and incoming anchor texts on ``pipe`` (see :func:`index_text`)."""
+    titles = {page_id: title} if title else {}
+    return index_text(pipe, prefix, titles, ((page_id, page_id, t) for t in anchor_texts))
+
+
+@dataclass(frozen=True)
+class TextMatch:
+    """A page matching a text query."""
+
+    page_id: int
+    url: str
+    matched_terms: int
+    pagerank: float
+
+
+def match(
+    redis: Any,
+    prefix: str,
+    terms: Iterable[str],
+    limit: int,
+    *,
+    algorithm: str = "pagerank",
+) -> list[TextMatch]:
+    """The best ``limit`` pages for ``terms``: most matching terms, then highest score.
+
+    ``terms`` must already be normalised (:func:`query_terms`). Removed pages
+    (``P page:removed``) and ids missing from ``P page:url`` are skipped; a page
+    with no published score counts 0.
+    Ties after the score are broken by URL, so the answer is deterministic.
+    """
+    keys = [term_key(prefix, t) for t in dict.fromkeys(terms)]
+    if not keys or limit <= 0:
+        return []
+    counted: list[tuple[bytes | str, float]] = redis.zunion(keys, withscores=True)
+    if not counted:
+        return []
+    candidates = _candidates(counted, limit)
+    ids = [int(member) for member, _ in candidates]
+    pipe = redis.pipeline(transaction=False)
+    pipe.hmget(f"{prefix}page:url", ids)
+    pipe.smismember(f"{prefix}page:removed", ids)
+    urls_raw, removed = pipe.execute()
+    found = [
+        (page_id, url if isinstance(url, str) else url.decode(), int(count))
+        for page_id, url, gone, (_, count) in zip(ids, urls_raw, removed, candidates, strict=True)
+        if url is not None and not gone
+    ]
+    if not found:
+        return []
+    scores = redis.zmscore(f"{prefix}scores:{algorithm}", [url for _, url, _ in found])
+    matches = [
+        TextMatch(page_id, url, count, float(score) if score is not None else 0.0)
+        for (page_id, url, count), score in zip(found, scores, strict=True)
+    ]
+    matches.sort(key=lambda m: (-m.matched_terms, -m.pagerank, m.url))
+    return matches[:limit]
+
+
+def _candidates(
+    counted: list[tuple[bytes | str, float]], limit: int
+) -> list[tuple[bytes | str, float]]:
+    """Whole count groups, best first, until ``limit`` is reached (the last one capped).
+
+    Only the pages that can make the cut need their PageRank looked up: every page
+    with more matching terms than the limit's boundary group is in regardless.
+    """
+    by_count: defaultdict[float, list[tuple[bytes | str, float]]] = defaultdict(list)
+    for item in counted:
+        by_count[item[1]].append(item)
+    chosen: list[tuple[bytes | str, float]] = []
+    for count in sorted(by_count, reverse=True):
+        group = by_count[count]
+        if len(group) > MAX_MATCH_CANDIDATES:
+            group = sorted(group, key=lambda item: int(item[0]))[:MAX_MATCH_CANDIDATES]
+        chosen.extend(group)
+        if len(chosen) >= limit:
+            break
+    return chosen

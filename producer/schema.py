@@ -1,0 +1,476 @@
+"""The event schema: the public, versioned contract between crawlers and the consumer.
+
+One JSON object per Kafka message (or per line of a JSON-lines log), told apart by
+``"type"``:
+
+* ``page``: ``{"type":"page","url":U,"links":[U2 | {"url":U2,"text":anchor}, ...],
+  "title"?:str,"ts"?:T}`` - the full current out-link set of ``U``; replaces the old one.
+* ``link_added`` / ``link_removed``: ``{"type":...,"src":U,"dst":V,"ts"?:T}``.
+* ``page_removed``: ``{"type":"page_removed","url":U,"ts"?:T}`` - the page is gone, with
+  its in- and out-links.
+
+``"v"`` is the schema version (default 1; any other value is rejected). Unknown extra
+fields are ignored, so a newer producer may add optional fields without breaking older
+consumers; a change of meaning bumps ``v``. ``ts`` is epoch milliseconds (int) or an
+ISO 8601 string (naive means UTC) and is normalised to epoch milliseconds. Every URL is
+canonicalised by :func:`producer.urls.canonicalize_url`; self links and duplicate
+links of a ``page`` event are dropped (first occurrence wins, order kept).
+
+:func:`decode_event` is the only way bytes become events. It checks cheap things first
+(size, UTF-8), parses with ``json.loads`` (never evaluates anything), validates with one
+prebuilt pydantic ``TypeAdapter``, and raises :class:`~rankstream.errors.InputError`
+whose message is ``"<category>: <detail>"``, the category being stable (see
+``docs/events.md``): that string is what the dead-letter topic records.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import IO, Annotated, Any, Literal, NoReturn
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from producer.urls import UrlError, _canonicalize_cached, already_canonical_lines_matcher
+from rankstream.errors import InputError
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "SCHEMA_VERSION",
+    "SUPPORTED_VERSIONS",
+    "Event",
+    "Limits",
+    "LinkAddedEvent",
+    "LinkRemovedEvent",
+    "PageEvent",
+    "PageRemovedEvent",
+    "decode_event",
+    "encode_event",
+    "event_key",
+    "event_source",
+    "iter_events",
+    "make_event",
+]
+
+SCHEMA_VERSION = 1
+SUPPORTED_VERSIONS = frozenset({1})
+_SUPPORTED_TEXT = ", ".join(str(v) for v in sorted(SUPPORTED_VERSIONS))
+# Year 9999 in epoch ms: anything larger is a unit mistake (microseconds), not a date.
+_MAX_TS_MS = 253_402_300_799_999
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MS = timedelta(milliseconds=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Input limits; each violation is an :class:`InputError` (a DLQ entry downstream).
+
+    Built explicitly by the caller, usually with :meth:`from_settings`.
+    """
+
+    max_url_length: int = 8192
+    max_links_per_page: int = 10_000
+    max_message_bytes: int = 1_048_576
+    allowed_schemes: frozenset[str] = frozenset({"http", "https", "file"})
+    _scheme_prefixes: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _all_canonical: Callable[[str], object] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        schemes = frozenset(s.lower() for s in self.allowed_schemes)
+        object.__setattr__(self, "allowed_schemes", schemes)
+        object.__setattr__(self, "_scheme_prefixes", tuple(f"{s}:" for s in sorted(schemes)))
+        object.__setattr__(self, "_all_canonical", already_canonical_lines_matcher(schemes))
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Limits:
+        """Limits from a :class:`rankstream.settings.Settings` (duck-typed on purpose)."""
+        return cls(
+            max_url_length=settings.max_url_length,
+            max_links_per_page=settings.max_links_per_page,
+            max_message_bytes=settings.max_message_bytes,
+            allowed_schemes=frozenset(settings.allowed_schemes),
+        )
+
+
+DEFAULT_LIMITS = Limits()
+
+
+# --- field-level checks (shared by the validators below) -------------------------
+
+
+def _fail(category: str, detail: str) -> NoReturn:
+    raise PydanticCustomError("rankstream", "{reason}", {"reason": f"{category}: {detail}"})
+
+
+def _limits_of(info: ValidationInfo) -> Limits:
+    context = info.context
+    if context is None:
+        return DEFAULT_LIMITS
+    limits: Limits = context.get("limits", DEFAULT_LIMITS)
+    return limits
+
+
+def _checked_url(raw: object, limits: Limits, where: str) -> str:
+    """Canonical form of ``raw`` within ``limits``; the hot path of decoding."""
+    if type(raw) is not str:
+        _fail("wrong type", f"{where}: expected string, got {_json_type(raw)}")
+    if len(raw) > limits.max_url_length:
+        _fail("url too long", f"{where}: {len(raw)} > {limits.max_url_length}")
+    try:
+        canonical = _canonicalize_cached(raw)
+    except UrlError as exc:
+        _fail("bad url", f"{where}: {exc}")
+    if not canonical.startswith(limits._scheme_prefixes):
+        scheme = canonical.partition(":")[0]
+        allowed = ", ".join(sorted(limits.allowed_schemes))
+        _fail("disallowed scheme", f"{where}: {scheme!r} (allowed: {allowed})")
+    if len(canonical) > limits.max_url_length:  # only the added "/" can get here
+        _fail("url too long", f"{where}: {len(canonical)} > {limits.max_url_length}")
+    return canonical
+
+
+def _all_plain_and_canonical(links: list[Any] | tuple[Any, ...], limits: Limits) -> bool:
+    """True if every link is a string that is already canonical, allowed and short."""
+    if not links:
+        return True
+    try:
+        joined = "\n".join(links)
+    except TypeError:  # an object link (with anchor text) or a wrong type
+        return False
+    if limits._all_canonical(joined) is None:
+        return False
+    if joined.count("\n") != len(links) - 1:  # a link with a newline of its own
+        return False
+    return max(map(len, links)) <= limits.max_url_length
+
+
+def _checked_text(value: str, where: str) -> str:
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            _fail("bad text", f"{where}: invalid unicode (lone surrogate)")
+    return value
+
+
+def _parse_ts(value: object) -> int | None:
+    if value is None:
+        return None
+    if type(value) is int:
+        if not 0 <= value <= _MAX_TS_MS:
+            _fail("bad ts", f"{value} out of range (epoch milliseconds expected)")
+        return value
+    if type(value) is str:
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            _fail("bad ts", f"not ISO 8601: {value[:40]!r}")
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        millis = (moment - _EPOCH) // _ONE_MS
+        if not 0 <= millis <= _MAX_TS_MS:
+            _fail("bad ts", f"{value[:40]!r} before 1970")
+        return millis
+    _fail("bad ts", f"expected epoch ms (int) or ISO 8601 string, got {_json_type(value)}")
+
+
+def _json_type(value: object) -> str:
+    names = {str: "string", int: "integer", float: "number", bool: "boolean",
+             list: "array", dict: "object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _url_field(value: str, info: ValidationInfo) -> str:
+    return _checked_url(value, _limits_of(info), info.field_name or "url")
+
+
+Url = Annotated[StrictStr, AfterValidator(_url_field)]
+
+
+# --- models -----------------------------------------------------------------------
+
+
+class _EventBase(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    v: StrictInt = SCHEMA_VERSION
+    ts: int | None = None
+
+    @field_validator("v")
+    @classmethod
+    def _known_version(cls, value: int) -> int:
+        if value not in SUPPORTED_VERSIONS:
+            _fail("unsupported version", f"{value} (supported: {_SUPPORTED_TEXT})")
+        return value
+
+    @field_validator("ts", mode="before")
+    @classmethod
+    def _normalise_ts(cls, value: object) -> int | None:
+        return _parse_ts(value)
+
+
+class PageEvent(_EventBase):
+    """The full current out-link set of ``url`` as a crawler saw it; replaces the old set.
+
+    ``links`` are canonical, without self links or duplicates, in first-seen order.
+    ``anchors`` holds ``(link url, anchor text)`` for links given as objects with text.
+    """
+
+    type: Literal["page"] = "page"
+    url: StrictStr
+    links: tuple[StrictStr, ...]
+    title: StrictStr | None = None
+    anchors: tuple[tuple[str, str], ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _canonical_links(cls, data: Any, info: ValidationInfo) -> Any:
+        # One Python pass over the links does canonicalisation, limits, self-link and
+        # duplicate removal; pydantic then only checks the resulting tuple of strings.
+        if not isinstance(data, Mapping):
+            return data
+        limits = _limits_of(info)
+        out = dict(data)
+        page_url = None
+        if "url" in data:
+            page_url = out["url"] = _checked_url(data["url"], limits, "url")
+        links = data.get("links")
+        if not isinstance(links, list | tuple):
+            out.pop("anchors", None)
+            return out
+        if len(links) > limits.max_links_per_page:
+            _fail("too many links", f"{len(links)} > {limits.max_links_per_page}")
+        if _all_plain_and_canonical(links, limits):
+            # The common case: one regex over all links instead of one call per link.
+            unique = dict.fromkeys(links)
+            unique.pop(page_url, None)
+            out["links"] = tuple(unique)
+            out["anchors"] = ()
+            return out
+        seen: dict[str, None] = {}
+        anchors: dict[str, str] = {}
+        for index, item in enumerate(links):
+            text = None
+            if type(item) is not str:
+                if not isinstance(item, Mapping):
+                    _fail("wrong type", f"links[{index}]: expected URL string or "
+                          f"{{url, text}} object, got {_json_type(item)}")
+                text = item.get("text")
+                item = item.get("url")
+                if item is None:
+                    _fail("missing field", f"links[{index}].url")
+            canonical = _checked_url(item, limits, f"links[{index}]")
+            if canonical == page_url:
+                continue
+            seen[canonical] = None
+            if text is not None:
+                if type(text) is not str:
+                    _fail("wrong type", f"links[{index}].text: expected string, "
+                          f"got {_json_type(text)}")
+                # A duplicate link may still bring the first anchor text.
+                if text and canonical not in anchors:
+                    anchors[canonical] = _checked_text(text, f"links[{index}].text")
+        out["links"] = tuple(seen)
+        out["anchors"] = tuple(anchors.items())
+        return out
+
+    @field_validator("title")
+    @classmethod
+    def _valid_title(cls, value: str | None) -> str | None:
+        return None if value is None else _checked_text(value, "title")
+
+
+class LinkAddedEvent(_EventBase):
+    """One link ``src -> dst`` appeared (an incremental edit; no stale rule)."""
+
+    type: Literal["link_added"] = "link_added"
+    src: Url
+    dst: Url
+
+
+class LinkRemovedEvent(_EventBase):
+    """One link ``src -> dst`` disappeared; removing an absent link is a no-op."""
+
+    type: Literal["link_removed"] = "link_removed"
+    src: Url
+    dst: Url
+
+
+class PageRemovedEvent(_EventBase):
+    """The page is gone; its in- and out-links go with it."""
+
+    type: Literal["page_removed"] = "page_removed"
+    url: Url
+
+
+Event = Annotated[
+    PageEvent | LinkAddedEvent | LinkRemovedEvent | PageRemovedEvent,
+    Field(discriminator="type"),
+]
+_EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+# --- decoding and encoding --------------------------------------------------------
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+# Built once: json.loads would build a new decoder per call when given parse_constant.
+_JSON_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def decode_event(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> Event:
+    """Bytes of one message -> a validated, canonical event, or :class:`InputError`."""
+    if len(raw) > limits.max_message_bytes:
+        raise InputError(f"message too large: {len(raw)} > {limits.max_message_bytes} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8: {exc.reason} at byte {exc.start}") from exc
+    except AttributeError as exc:
+        raise InputError(f"not bytes: got {type(raw).__name__}") from exc
+    try:
+        obj = _JSON_DECODER.decode(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"malformed JSON: {exc.msg} at char {exc.pos}") from exc
+    except ValueError as exc:  # NaN / Infinity
+        raise InputError(f"malformed JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise InputError("malformed JSON: nested too deeply") from exc
+    return make_event(obj, limits)
+
+
+def make_event(obj: object, limits: Limits = DEFAULT_LIMITS) -> Event:
+    """Validate an already parsed JSON value (a dict) into an event, or InputError."""
+    if type(obj) is not dict:
+        raise InputError(f"not a JSON object: got {_json_type(obj)}")
+    version = obj.get("v", SCHEMA_VERSION)
+    if version not in SUPPORTED_VERSIONS or type(version) is not int:
+        raise InputError(
+            f"unsupported version: {version!r} (supported: {_SUPPORTED_TEXT})"
+        )
+    try:
+        return _EVENT_ADAPTER.validate_python(obj, context={"limits": limits})
+    except ValidationError as exc:
+        raise InputError(_reason(exc)) from exc
+
+
+_TYPE_WORDS = {
+    "string_type": "expected string",
+    "int_type": "expected integer",
+    "tuple_type": "expected array",
+    "list_type": "expected array",
+    "literal_error": "unexpected value",
+}
+
+
+def _reason(exc: ValidationError) -> str:
+    """The first pydantic error as ``"<category>: <detail>"``."""
+    error = exc.errors(include_url=False)[0]
+    kind = error["type"]
+    loc = [str(part) for part in error["loc"]]
+    if loc and loc[0] in _TYPE_TAGS:
+        loc = loc[1:]  # the discriminated union puts the tag first
+    where = ".".join(loc)
+    if kind == "rankstream":
+        return str(error["ctx"]["reason"])
+    if kind == "union_tag_not_found":
+        return "missing field: type"
+    if kind == "union_tag_invalid":
+        return f"unknown type: {error['ctx']['tag']} (expected one of {', '.join(_TYPE_TAGS)})"
+    if kind == "missing":
+        return f"missing field: {where}"
+    detail = _TYPE_WORDS.get(kind, error["msg"])
+    return f"wrong type: {where}: {detail}, got {_json_type(error['input'])}"
+
+
+_TYPE_TAGS = ("page", "link_added", "link_removed", "page_removed")
+
+
+def encode_event(event: Event) -> bytes:
+    """The canonical JSON encoding of an event (compact, UTF-8, ``v`` explicit)."""
+    obj: dict[str, Any] = {"type": event.type, "v": event.v}
+    if isinstance(event, PageEvent):
+        obj["url"] = event.url
+        anchors = dict(event.anchors)
+        obj["links"] = [
+            {"url": link, "text": anchors[link]} if link in anchors else link
+            for link in event.links
+        ]
+        if event.title is not None:
+            obj["title"] = event.title
+    elif isinstance(event, PageRemovedEvent):
+        obj["url"] = event.url
+    else:
+        obj["src"] = event.src
+        obj["dst"] = event.dst
+    if event.ts is not None:
+        obj["ts"] = event.ts
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def event_key(event: Event) -> bytes:
+    """The Kafka key: the SOURCE url, so one page's events stay in one partition."""
+    if isinstance(event, LinkAddedEvent | LinkRemovedEvent):
+        return event.src.encode("utf-8")
+    return event.url.encode("utf-8")
+
+
+def event_source(event: Event) -> str:
+    """The source URL of an event as text (what :func:`event_key` encodes)."""
+    if isinstance(event, LinkAddedEvent | LinkRemovedEvent):
+        return event.src
+    return event.url
+
+
+def iter_events(
+    path: str | os.PathLike[str], limits: Limits = DEFAULT_LIMITS
+) -> Iterator[tuple[int, Event]]:
+    """Yield ``(line_no, event)`` from a JSON-lines log, plain or gzip (by magic bytes).
+
+    Blank lines are skipped. A bad line raises :class:`InputError` with
+    ``where="path:line"``; an unreadable file raises it with ``where=path``.
+    """
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as probe:
+            gzipped = probe.read(2) == b"\x1f\x8b"
+        stream: IO[bytes] = (
+            gzip.open(name, "rb") if gzipped else open(name, "rb")  # type: ignore[assignment]  # noqa: SIM115
+        )
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", where=name) from exc
+    with stream:
+        line_no = 0
+        try:
+            for line_no, line in enumerate(stream, start=1):
+                stripped = line.strip()
+                if not stripped:
+                    continue
+                try:
+                    event = decode_event(stripped, limits)
+                except InputError as exc:
+                    raise InputError(str(exc), where=f"{name}:{line_no}") from exc
+                yield line_no, event
+        except (OSError, EOFError, zlib.error) as exc:
+            raise InputError(f"cannot read: {exc}", where=f"{name}:{line_no + 1}") from exc

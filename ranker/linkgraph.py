@@ -1,0 +1,417 @@
+"""The in-memory dynamic link graph the consumer mirrors and the engines walk.
+
+Page keys (URLs) are interned to dense int32 ids. Links live in two flat int32
+pools (out-rows and in-rows) with per-page start/length/capacity, so numba kernels
+walk them directly and there is no Python object per link. A row that overflows is
+moved to the pool tail with 1.5x capacity (its old slot becomes garbage, reclaimed
+by :meth:`LinkGraph.compact`, which also runs by itself once garbage outweighs live
+entries). Deletion is swap-remove; each entry keeps the index of its twin entry in
+the other direction, so deleting a link into a hub with a million in-links costs
+O(out-degree of the source), not a scan of the hub's in-row.
+
+Memory: 16 bytes per link (neighbour + twin, both directions) times the slack of
+row capacities and pool growth, plus 25 bytes per page. Key strings are extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+from ranker import _kernels as K
+from rankstream.errors import InputError
+
+_EMPTY_I32 = np.zeros(0, dtype=np.int32)
+
+
+def _ids(values: object, name: str) -> np.ndarray:
+    array = np.asarray(values)
+    if array.size == 0:
+        return _EMPTY_I32
+    if array.dtype.kind not in "iu":
+        raise InputError(f"{name} must hold integer page ids, got {array.dtype}", where=name)
+    return np.ascontiguousarray(array.reshape(-1), dtype=np.int32)
+
+
+@dataclass
+class EdgeBatch:
+    """A batch of link changes on already interned ids.
+
+    Applied in this order: page removals (every in- and out-link of the page goes
+    too), then deletions, then insertions. Self links are dropped; inserting a
+    present link and deleting an absent one are no-ops. Inserting a link to or
+    from a removed page revives it.
+    """
+
+    insert_src: np.ndarray = field(default_factory=lambda: _EMPTY_I32)
+    insert_dst: np.ndarray = field(default_factory=lambda: _EMPTY_I32)
+    delete_src: np.ndarray = field(default_factory=lambda: _EMPTY_I32)
+    delete_dst: np.ndarray = field(default_factory=lambda: _EMPTY_I32)
+    removed_pages: np.ndarray = field(default_factory=lambda: _EMPTY_I32)
+
+    def __post_init__(self) -> None:
+        self.insert_src = _ids(self.insert_src, "insert_src")
+        self.insert_dst = _ids(self.insert_dst, "insert_dst")
+        self.delete_src = _ids(self.delete_src, "delete_src")
+        self.delete_dst = _ids(self.delete_dst, "delete_dst")
+        self.removed_pages = _ids(self.removed_pages, "removed_pages")
+        if self.insert_src.size != self.insert_dst.size:
+            raise InputError("insert_src and insert_dst differ in length", where="EdgeBatch")
+        if self.delete_src.size != self.delete_dst.size:
+            raise InputError("delete_src and delete_dst differ in length", where="EdgeBatch")
+
+    def __len__(self) -> int:
+        return int(self.insert_src.size + self.delete_src.size + self.removed_pages.size)
+
+
+@dataclass(frozen=True)
+class AppliedBatch:
+    """What :meth:`LinkGraph.apply` actually changed (the consumer writes exactly this).
+
+    A link both deleted and re-inserted by one batch is in neither list. Deleted
+    links include those that went with a removed page. ``new_pages`` are pages live
+    now that were not live at the previous ``apply`` (newly interned, revived by
+    ``intern`` or by an inserted link); a page can be in ``removed_pages`` and
+    ``new_pages`` when an insertion revived it in the same batch.
+    """
+
+    inserted_src: np.ndarray
+    inserted_dst: np.ndarray
+    deleted_src: np.ndarray
+    deleted_dst: np.ndarray
+    removed_pages: np.ndarray
+    new_pages: np.ndarray
+
+    @property
+    def num_changes(self) -> int:
+        return int(self.inserted_src.size + self.deleted_src.size + self.removed_pages.size
+                   + self.new_pages.size)
+
+
+def _pair_keys(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    return (src.astype(np.int64) << 32) | dst.astype(np.int64)
+
+
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique`` by sort-and-compare (numpy 2's hash-based unique is ~5x slower here)."""
+    ordered = np.sort(values)
+    if ordered.size < 2:
+        return ordered
+    keep = np.empty(ordered.size, dtype=np.bool_)
+    keep[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    return ordered[keep]
+
+
+class LinkGraph:
+    """Directed graph of interned pages with fast in/out neighbour access.
+
+    Attributes:
+        num_links: number of links present.
+    """
+
+    def __init__(self) -> None:
+        self._keys: list[str] = []
+        self._index: dict[str, int] = {}
+        self._pending_live: list[int] = []
+        self.num_links = 0
+        self._node_cap = 0
+        self._live = np.zeros(0, dtype=np.bool_)
+        self.out_start = np.zeros(0, dtype=np.int64)
+        self.out_len = np.zeros(0, dtype=np.int32)
+        self.out_cap = np.zeros(0, dtype=np.int32)
+        self.in_start = np.zeros(0, dtype=np.int64)
+        self.in_len = np.zeros(0, dtype=np.int32)
+        self.in_cap = np.zeros(0, dtype=np.int32)
+        self.out_nbr = np.zeros(0, dtype=np.int32)
+        self.out_twin = np.zeros(0, dtype=np.int32)
+        self.in_nbr = np.zeros(0, dtype=np.int32)
+        self.in_twin = np.zeros(0, dtype=np.int32)
+        self._out_used = 0
+        self._in_used = 0
+        self._garbage = 0
+        self._grow_nodes(16)
+
+    # ------------------------------------------------------------------ ids
+    @property
+    def num_ids(self) -> int:
+        """Ids assigned so far (dense ``0..num_ids-1``), removed pages included."""
+        return len(self._keys)
+
+    @property
+    def num_live(self) -> int:
+        return int(np.count_nonzero(self._live[: self.num_ids]))
+
+    def intern(self, key: str) -> int:
+        """Id of ``key``, assigning the next one if new; revives a removed page."""
+        page = self._index.get(key)
+        if page is None:
+            page = len(self._keys)
+            if page >= self._node_cap:
+                self._grow_nodes(page + 1)
+            self._keys.append(key)
+            self._index[key] = page
+            self._live[page] = True
+            self._pending_live.append(page)
+        elif not self._live[page]:
+            self._live[page] = True
+            self._pending_live.append(page)
+        return page
+
+    def intern_many(self, keys: Sequence[str]) -> np.ndarray:
+        """:meth:`intern` of each key, as an int32 array."""
+        return np.fromiter((self.intern(k) for k in keys), dtype=np.int32, count=len(keys))
+
+    def id_of(self, key: str) -> int | None:
+        """Id of ``key`` or None; does not assign or revive."""
+        return self._index.get(key)
+
+    def key_of(self, page_id: int) -> str:
+        return self._keys[page_id]
+
+    def is_live(self, page_id: int) -> bool:
+        """Interned and not removed."""
+        return 0 <= page_id < self.num_ids and bool(self._live[page_id])
+
+    def live_mask(self) -> np.ndarray:
+        """Copy of the live flags of ids ``0..num_ids-1``."""
+        return self._live[: self.num_ids].copy()
+
+    # ------------------------------------------------------------------ queries
+    def out_links(self, page_id: int) -> np.ndarray:
+        s = int(self.out_start[page_id])
+        return self.out_nbr[s : s + int(self.out_len[page_id])].copy()
+
+    def in_links(self, page_id: int) -> np.ndarray:
+        s = int(self.in_start[page_id])
+        return self.in_nbr[s : s + int(self.in_len[page_id])].copy()
+
+    def out_degree(self, page_id: int) -> int:
+        return int(self.out_len[page_id])
+
+    def in_degree(self, page_id: int) -> int:
+        return int(self.in_len[page_id])
+
+    def has_link(self, src: int, dst: int) -> bool:
+        if not (0 <= src < self.num_ids and 0 <= dst < self.num_ids):
+            return False
+        return bool(self.links_exist(np.array([src]), np.array([dst]))[0])
+
+    def links_exist(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Vectorised :meth:`has_link` (out-of-range ids are absent)."""
+        return K.links_exist(_ids(src, "src"), _ids(dst, "dst"), *self._adjacency())
+
+    def gather_out(self, pages: np.ndarray) -> np.ndarray:
+        """Out-neighbours of ``pages`` concatenated (repeats kept)."""
+        return K.gather_rows(_ids(pages, "pages"), self.out_start, self.out_len, self.out_nbr)
+
+    def gather_in(self, pages: np.ndarray) -> np.ndarray:
+        """In-neighbours of ``pages`` concatenated (repeats kept)."""
+        return K.gather_rows(_ids(pages, "pages"), self.in_start, self.in_len, self.in_nbr)
+
+    # ------------------------------------------------------------------ updates
+    def apply(self, batch: EdgeBatch) -> AppliedBatch:
+        """Apply removals, deletions, insertions (in that order); report what changed."""
+        n = self.num_ids
+        for name in ("insert_src", "insert_dst", "delete_src", "delete_dst", "removed_pages"):
+            ids = getattr(batch, name)
+            if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
+                raise InputError(f"{name} holds an id outside 0..{n - 1}", where="EdgeBatch")
+        was_live = self._live[:n].copy()
+
+        removed = np.unique(batch.removed_pages)
+        removed = removed[self._live[removed]]
+        rem_src, rem_dst = self._remove_pages(removed)
+
+        done = K.delete_links(batch.delete_src, batch.delete_dst, *self._adjacency())
+        del_src = np.concatenate([rem_src, batch.delete_src[done]])
+        del_dst = np.concatenate([rem_dst, batch.delete_dst[done]])
+
+        keep = batch.insert_src != batch.insert_dst
+        ins_src, ins_dst = batch.insert_src[keep], batch.insert_dst[keep]
+        if ins_src.size:
+            revive = np.unique(np.concatenate([ins_src, ins_dst]))
+            self._live[revive[~self._live[revive]]] = True
+            self._reserve(ins_src, ins_dst)
+            done = K.insert_links(ins_src, ins_dst, *self._adjacency())
+            ins_src, ins_dst = ins_src[done], ins_dst[done]
+        self.num_links += int(ins_src.size) - int(del_src.size)
+
+        if ins_src.size and del_src.size:
+            # A link deleted and re-inserted by one batch did not change.
+            ins_keys, del_keys = _pair_keys(ins_src, ins_dst), _pair_keys(del_src, del_dst)
+            back = np.isin(ins_keys, del_keys)
+            if back.any():
+                gone = ~np.isin(del_keys, ins_keys[back])
+                ins_src, ins_dst = ins_src[~back], ins_dst[~back]
+                del_src, del_dst = del_src[gone], del_dst[gone]
+
+        pending = np.asarray(self._pending_live, dtype=np.int32)
+        self._pending_live = []
+        pending = pending[pending < n]
+        was_live[pending] = False  # interned/revived since the last apply: new to readers
+        now_live = self._live[:n]
+        new_pages = np.flatnonzero(now_live & ~was_live).astype(np.int32)
+        if self._garbage > max(self._out_used + self._in_used, 1 << 16) // 2:
+            self.compact()
+        return AppliedBatch(ins_src, ins_dst, del_src.astype(np.int32), del_dst.astype(np.int32),
+                            removed.astype(np.int32), new_pages)
+
+    def _remove_pages(self, pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if pages.size == 0:
+            return _EMPTY_I32, _EMPTY_I32
+        bound = int(self.out_len[pages].sum()) + int(self.in_len[pages].sum())
+        del_src = np.empty(bound, dtype=np.int32)
+        del_dst = np.empty(bound, dtype=np.int32)
+        count = K.remove_pages(pages, *self._adjacency(), del_src, del_dst)
+        self._live[pages] = False
+        return del_src[:count], del_dst[:count]
+
+    def _reserve(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Give every row that will receive links room for all of them (no-ops included)."""
+        for direction, ends in (("out", src), ("in", dst)):
+            rows, counts = np.unique(ends, return_counts=True)
+            length = getattr(self, f"{direction}_len")[rows]
+            cap = getattr(self, f"{direction}_cap")[rows]
+            grow = length + counts > cap
+            if not grow.any():
+                continue
+            rows, length, cap, counts = rows[grow], length[grow], cap[grow], counts[grow]
+            new_caps = np.maximum(length + counts, cap + (cap >> 1) + 2).astype(np.int64)
+            self._relocate(direction, rows.astype(np.int32), new_caps, int(cap.sum()))
+
+    def _relocate(self, direction: str, rows: np.ndarray, new_caps: np.ndarray,
+                  freed: int) -> None:
+        used = self._out_used if direction == "out" else self._in_used
+        need = used + int(new_caps.sum())
+        nbr = getattr(self, f"{direction}_nbr")
+        twin = getattr(self, f"{direction}_twin")
+        if need > nbr.size:
+            size = max(need, nbr.size + (nbr.size >> 1) + 1024)
+            nbr = np.resize(nbr, size)
+            twin = np.resize(twin, size)
+            setattr(self, f"{direction}_nbr", nbr)
+            setattr(self, f"{direction}_twin", twin)
+        end = K.relocate_rows(rows, new_caps, getattr(self, f"{direction}_start"),
+                              getattr(self, f"{direction}_len"), getattr(self, f"{direction}_cap"),
+                              nbr, twin, used)
+        if direction == "out":
+            self._out_used = int(end)
+        else:
+            self._in_used = int(end)
+        self._garbage += freed
+
+    def compact(self) -> None:
+        """Pack every row back to back with no spare capacity; frees garbage and slack."""
+        n = self.num_ids
+        for direction in ("out", "in"):
+            length = getattr(self, f"{direction}_len")
+            total = int(length[:n].sum())
+            new_nbr = np.empty(total, dtype=np.int32)
+            new_twin = np.empty(total, dtype=np.int32)
+            end = K.pack_rows(getattr(self, f"{direction}_start"), length,
+                              getattr(self, f"{direction}_cap"), getattr(self, f"{direction}_nbr"),
+                              getattr(self, f"{direction}_twin"), new_nbr, new_twin, n)
+            setattr(self, f"{direction}_nbr", new_nbr)
+            setattr(self, f"{direction}_twin", new_twin)
+            if direction == "out":
+                self._out_used = int(end)
+            else:
+                self._in_used = int(end)
+        self._garbage = 0
+
+    def _grow_nodes(self, need: int) -> None:
+        cap = max(need, self._node_cap + (self._node_cap >> 1), 16)
+        for name in ("_live", "out_start", "out_len", "out_cap", "in_start", "in_len", "in_cap"):
+            old = getattr(self, name)
+            new = np.zeros(cap, dtype=old.dtype)
+            new[: old.size] = old
+            setattr(self, name, new)
+        self._node_cap = cap
+
+    def _adjacency(self) -> tuple[np.ndarray, ...]:
+        return (self.out_start, self.out_len, self.out_nbr, self.out_twin,
+                self.in_start, self.in_len, self.in_nbr, self.in_twin)
+
+    # ------------------------------------------------------------------ export
+    def to_csr(self) -> sp.csr_array:
+        """0/1 adjacency ``(num_ids x num_ids)``, row = source, sorted indices."""
+        n = self.num_ids
+        indptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(self.out_len[:n], out=indptr[1:])
+        indices = K.rows_flat(self.out_start, self.out_len, self.out_nbr, n, indptr)
+        data = np.ones(indices.size, dtype=np.float64)
+        matrix = sp.csr_array((data, indices, indptr), shape=(n, n))
+        matrix.sort_indices()
+        return matrix
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """All links as ``(src, dst)`` int32 arrays, grouped by source."""
+        matrix = self.to_csr()
+        src = np.repeat(np.arange(self.num_ids, dtype=np.int32), np.diff(matrix.indptr))
+        return src, matrix.indices.astype(np.int32)
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the adjacency and per-page arrays (key strings excluded)."""
+        arrays = (self._live, self.out_start, self.out_len, self.out_cap, self.in_start,
+                  self.in_len, self.in_cap, self.out_nbr, self.out_twin, self.in_nbr, self.in_twin)
+        return int(sum(a.nbytes for a in arrays))
+
+    # ------------------------------------------------------------------ bulk load
+    @classmethod
+    def from_edges(cls, src_keys: Sequence[str], dst_keys: Sequence[str]) -> LinkGraph:
+        """Build from parallel key lists (vectorised; ids follow sorted key order)."""
+        if len(src_keys) != len(dst_keys):
+            raise InputError("src_keys and dst_keys differ in length", where="from_edges")
+        both = np.asarray(list(src_keys) + list(dst_keys), dtype=object)
+        if both.size == 0:
+            return cls()
+        keys, inverse = np.unique(both, return_inverse=True)
+        inverse = inverse.astype(np.int32)
+        m = len(src_keys)
+        return cls.from_id_edges(inverse[:m], inverse[m:], [str(k) for k in keys])
+
+    @classmethod
+    def from_id_edges(cls, src: np.ndarray, dst: np.ndarray, keys: Sequence[str]) -> LinkGraph:
+        """Build from id arrays over ``keys`` (every key becomes a live page)."""
+        n = len(keys)
+        src = _ids(src, "src")
+        dst = _ids(dst, "dst")
+        if src.size != dst.size:
+            raise InputError("src and dst differ in length", where="from_id_edges")
+        if src.size and (min(int(src.min()), int(dst.min())) < 0
+                         or max(int(src.max()), int(dst.max())) >= n):
+            raise InputError(f"edge ids must lie in 0..{n - 1}", where="from_id_edges")
+        pairs = sorted_unique(_pair_keys(src, dst)[src != dst])
+        src = (pairs >> 32).astype(np.int32)
+        dst = (pairs & 0xFFFFFFFF).astype(np.int32)
+        graph = cls()
+        graph._keys = list(keys)
+        graph._index = {k: i for i, k in enumerate(graph._keys)}
+        if len(graph._index) != n:
+            raise InputError("keys must be distinct", where="from_id_edges")
+        graph._grow_nodes(n)
+        graph._live[:n] = True
+        count = src.size
+        links = np.arange(count, dtype=np.int64)
+        out_len = np.bincount(src, minlength=n).astype(np.int32)
+        in_len = np.bincount(dst, minlength=n).astype(np.int32)
+        out_start = np.concatenate([[0], np.cumsum(out_len[:-1], dtype=np.int64)]) if n else \
+            np.zeros(0, dtype=np.int64)
+        in_start = np.concatenate([[0], np.cumsum(in_len[:-1], dtype=np.int64)]) if n else \
+            np.zeros(0, dtype=np.int64)
+        in_pos = K.bucket_positions(dst, in_start)
+        by_dst = np.empty(count, dtype=np.int64)
+        by_dst[in_pos] = links
+        out_rel = (links - out_start[src]).astype(np.int32)
+        in_rel = (in_pos - in_start[dst]).astype(np.int32)
+        graph.out_start[:n], graph.out_len[:n], graph.out_cap[:n] = out_start, out_len, out_len
+        graph.in_start[:n], graph.in_len[:n], graph.in_cap[:n] = in_start, in_len, in_len
+        graph.out_nbr, graph.out_twin = dst, in_rel
+        graph.in_nbr, graph.in_twin = src[by_dst], out_rel[by_dst]
+        graph._out_used = graph._in_used = count
+        graph.num_links = count
+        return graph

@@ -1,0 +1,306 @@
+"""Cold PageRank: power iteration on the paper scale with a certified error bound.
+
+Definitions follow docs/algorithms.md. The solver iterates the linear fixed point
+
+    y = b + d * M * y,      M[n, m] = 1 / O[m] for each link m -> n,
+
+with ``b = (1 - d) * n_live * t`` (``t`` the teleport distribution over live pages;
+uniform ``t`` gives ``b = 1 - d``). A dangling page's mass simply leaks, which is
+what keeps the effect of a link change local on this scale. Each sweep yields the
+residual ``r = b + d*M*y - y`` of the current vector for free, and
+``||y_exact - y||_1 <= ||r||_1 / (1 - d)`` (the columns of ``d*M`` sum to at most
+``d``), so the loop stops on a certified bound instead of a heuristic change test.
+
+The input helpers here (:func:`validate_adjacency`, :func:`clean_links`,
+:func:`link_structure`, :func:`solve_fixed_point`) are shared with the Weighted
+PageRank and HITS solvers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+import scipy.sparse as sp
+
+from ranker.results import RankResult
+from rankstream.errors import ConvergenceError, InputError
+
+Scale = Literal["paper", "probability"]
+
+# In exact arithmetic the residual shrinks by at least a factor d every sweep, so a
+# run of sweeps without a new smallest residual means rounding noise has become the
+# floor: more sweeps cannot reach the tolerance, so fail now instead of at max_iter.
+STALL_SWEEPS = 50
+
+
+def validate_adjacency(adjacency: object, *, where: str = "A") -> sp.csr_array:
+    """Return ``adjacency`` as a canonical float64 ``csr_array`` after checking it.
+
+    Accepts any scipy sparse matrix or array (``csr_array``, ``csr_matrix``, ...).
+    Raises :class:`InputError` unless it is square, 2-D, finite and non-negative.
+    Does not copy a canonical float64 ``csr_array``; never mutates the caller's data.
+    """
+    if not sp.issparse(adjacency):
+        raise InputError(
+            f"expected a scipy sparse adjacency matrix, got {type(adjacency).__name__}",
+            where=where,
+        )
+    matrix = sp.csr_array(adjacency)
+    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
+        raise InputError(f"adjacency must be square, got shape {matrix.shape}", where=where)
+    if matrix.dtype.kind not in "biuf":
+        raise InputError(f"adjacency values must be real numbers, got {matrix.dtype}", where=where)
+    if matrix.dtype != np.float64:
+        matrix = matrix.astype(np.float64)
+    data = matrix.data
+    if data.size and not (np.isfinite(data).all() and data.min() >= 0.0):
+        raise InputError("adjacency values must be finite and non-negative", where=where)
+    if not matrix.has_canonical_format:
+        # Duplicates would count a link twice in O[m]; sum them on a private copy.
+        matrix = matrix.copy()
+        matrix.sum_duplicates()
+    return matrix
+
+
+def check_alive(alive: object, num_nodes: int) -> np.ndarray | None:
+    """Validate the optional live mask; ``None`` when every page is live."""
+    if alive is None:
+        return None
+    mask = np.asarray(alive)
+    if mask.dtype != np.bool_:
+        raise InputError(f"alive must be a boolean mask, got dtype {mask.dtype}", where="alive")
+    if mask.shape != (num_nodes,):
+        raise InputError(
+            f"alive must have shape ({num_nodes},), got {mask.shape}", where="alive"
+        )
+    return None if mask.all() else mask
+
+
+def clean_links(matrix: sp.csr_array, alive: np.ndarray | None = None) -> sp.csr_array:
+    """Drop explicit zeros, self links and links touching dead pages; keep the values.
+
+    ``matrix`` must come from :func:`validate_adjacency`. Returns it unchanged (no
+    copy) when there is nothing to drop, which is the common case for a clean graph.
+    """
+    n = matrix.shape[0]
+    indptr, indices, data = matrix.indptr, matrix.indices, matrix.data
+    keep: np.ndarray | None = None
+    if data.size and not data.all():
+        keep = data != 0.0
+    needs_rows = bool(np.count_nonzero(matrix.diagonal())) or alive is not None
+    if needs_rows:
+        rows = np.repeat(np.arange(n, dtype=indices.dtype), np.diff(indptr))
+        drop = rows == indices
+        if alive is not None:
+            drop |= ~alive[rows]
+            drop |= ~alive[indices]
+        keep = ~drop if keep is None else keep & ~drop
+    if keep is None or keep.all():
+        return matrix
+    kept_before = np.concatenate(([0], np.cumsum(keep, dtype=np.int64)))
+    new_indptr = kept_before[indptr]
+    return sp.csr_array((data[keep], indices[keep], new_indptr), shape=(n, n))
+
+
+def link_structure(matrix: sp.csr_array, alive: np.ndarray | None = None) -> sp.csr_array:
+    """0/1 link structure of a validated adjacency (row = source), cleaned."""
+    cleaned = clean_links(matrix, alive)
+    ones = np.ones(cleaned.nnz, dtype=np.float64)
+    return sp.csr_array((ones, cleaned.indices, cleaned.indptr), shape=cleaned.shape)
+
+
+def damped_transpose(weights: sp.csr_array, damping: float) -> sp.csr_array:
+    """``d * weights^T`` as CSR, so a sweep is one row-oriented mat-vec (row = target)."""
+    scaled = sp.csr_array(
+        (weights.data * damping, weights.indices, weights.indptr), shape=weights.shape
+    )
+    return sp.csr_array(scaled.T.tocsr())
+
+
+def check_damping(damping: float) -> float:
+    """Return ``damping`` as float; raise :class:`InputError` unless 0 < d < 1."""
+    value = float(damping)
+    if not 0.0 < value < 1.0:
+        raise InputError(f"damping must lie strictly between 0 and 1, got {damping!r}")
+    return value
+
+
+def check_iteration_args(tol: float, max_iter: int) -> None:
+    """Raise :class:`InputError` for a non-positive tolerance or iteration cap."""
+    if not (math.isfinite(tol) and tol > 0.0):
+        raise InputError(f"tol must be a positive finite number, got {tol!r}")
+    if isinstance(max_iter, bool) or not isinstance(max_iter, int | np.integer) or max_iter < 1:
+        raise InputError(f"max_iter must be a positive integer, got {max_iter!r}")
+
+
+def float_vector(value: object, num_nodes: int, name: str) -> np.ndarray:
+    """A private finite float64 copy of ``value`` of shape ``(num_nodes,)``."""
+    try:
+        vector = np.array(value, dtype=np.float64, copy=True)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{name} must be a vector of numbers: {exc}", where=name) from exc
+    if vector.shape != (num_nodes,):
+        raise InputError(f"{name} must have shape ({num_nodes},), got {vector.shape}", where=name)
+    if not np.isfinite(vector).all():
+        raise InputError(f"{name} must be finite", where=name)
+    return vector
+
+
+def check_start(start: object, num_nodes: int, alive: np.ndarray | None) -> np.ndarray | None:
+    """Validate a warm start; return a private float64 copy with dead ids zeroed."""
+    if start is None:
+        return None
+    vector = float_vector(start, num_nodes, "start")
+    if alive is not None:
+        vector[~alive] = 0.0
+    return vector
+
+
+def solve_fixed_point(
+    damped: sp.csr_array,
+    base: np.ndarray,
+    *,
+    damping: float,
+    tol: float,
+    max_iter: int,
+    start: np.ndarray | None,
+    algorithm: str,
+) -> tuple[np.ndarray, float, int]:
+    """Iterate ``y <- base + damped @ y`` until ``||r||_1 / (1 - d) <= tol``.
+
+    ``damped`` is ``d * M`` with row = target and column sums at most ``d``.
+    Returns ``(y, ||r(y)||_1, sweeps)``, the residual being exactly that of the
+    returned ``y`` (the vector the residual was measured on, not the next one).
+    Raises :class:`ConvergenceError` after ``max_iter`` sweeps or on a stall.
+    """
+    y = base.copy() if start is None else start
+    diff = np.empty_like(y)
+    best_residual = math.inf
+    best_sweep = 0
+    for sweep in range(1, max_iter + 1):
+        nxt = damped @ y
+        nxt += base
+        np.subtract(nxt, y, out=diff)
+        residual = float(np.abs(diff, out=diff).sum())
+        if residual / (1.0 - damping) <= tol:
+            return y, residual, sweep
+        if residual < best_residual:
+            best_residual, best_sweep = residual, sweep
+        elif sweep - best_sweep >= STALL_SWEEPS:
+            bound = best_residual / (1.0 - damping)
+            raise ConvergenceError(
+                f"{algorithm} stalled at certified L1 bound {bound:.3g} > tol={tol:g} after "
+                f"{sweep} sweeps (floating-point floor; loosen tol)",
+                iterations=sweep,
+                error=bound,
+            )
+        y = nxt
+    bound = best_residual / (1.0 - damping)
+    raise ConvergenceError(
+        f"{algorithm} did not reach tol={tol:g} in {max_iter} sweeps "
+        f"(certified L1 bound {bound:.3g})",
+        iterations=max_iter,
+        error=bound,
+    )
+
+
+def teleport_base(
+    teleport: object, num_nodes: int, damping: float, alive: np.ndarray | None
+) -> np.ndarray:
+    """``b = (1-d) * n_live * t`` with ``t`` the teleport restricted to live pages."""
+    live = np.ones(num_nodes, dtype=bool) if alive is None else alive
+    if teleport is None:
+        return (1.0 - damping) * live.astype(np.float64)
+    t = float_vector(teleport, num_nodes, "teleport")
+    if not (t >= 0.0).all():
+        raise InputError("teleport must be non-negative", where="teleport")
+    t[~live] = 0.0
+    total = float(t.sum())
+    num_live = int(np.count_nonzero(live))
+    if num_live == 0:
+        return t  # all zeros: no live page to teleport to
+    if total <= 0.0:
+        raise InputError("teleport must put positive weight on some live page", where="teleport")
+    t *= (1.0 - damping) * num_live / total
+    return t
+
+
+def probability_bound(paper_bound: float, total: float) -> float:
+    """Certified ``||x_exact - x||_1`` for ``x = y / sum(y)`` from the paper-scale bound.
+
+    With ``e = y_exact - y``: ``x_exact - x = (S*e - y*sum(e)) / (S * S_exact)``, so
+    ``||x_exact - x||_1 <= 2*||e||_1 / S_exact <= 2*B / (S - B)``; two probability
+    vectors never differ by more than 2 in L1.
+    """
+    if total <= paper_bound:
+        return 2.0
+    return min(2.0, 2.0 * paper_bound / (total - paper_bound))
+
+
+def pagerank(
+    A: object,
+    *,
+    damping: float = 0.85,
+    tol: float = 1e-10,
+    max_iter: int = 1000,
+    scale: Scale = "paper",
+    teleport: object = None,
+    start: object = None,
+    alive: object = None,
+) -> RankResult:
+    """PageRank of the graph with adjacency ``A`` (row = source; values ignored).
+
+    Args:
+        A: square scipy sparse matrix/array; a stored non-zero ``A[m, n]`` is a link
+            ``m -> n``. Explicit zeros and self links are ignored; duplicates count once.
+        damping: ``d`` in (0, 1).
+        tol: certified L1 bound ``||y_exact - y||_1`` to reach, on the PAPER scale
+            (an absolute figure: ``sum(y)`` is about the number of pages).
+        max_iter: sweep cap; :class:`ConvergenceError` after it (or earlier when
+            rounding noise stalls the residual above ``tol``).
+        scale: ``"paper"`` returns ``y``; ``"probability"`` returns ``x = y / sum(y)``,
+            which equals networkx's pagerank with ``personalization=t`` and
+            ``dangling=t`` (uniform ``t`` by default).
+        teleport: optional non-negative weights ``t`` (any positive sum) over page
+            ids; ``b = (1-d) * n_live * t / sum(t)``. Default uniform, ``b = 1-d``.
+        start: warm start on the PAPER scale (e.g. the previous ``y``), length n.
+            Default ``b``. Dead entries are ignored.
+        alive: optional bool mask of length n; dead ids lose every link, get
+            ``b = 0`` and score 0 (removed pages).
+
+    Returns:
+        :class:`RankResult`; on the probability scale ``bound`` is
+        :func:`probability_bound` of the paper-scale bound.
+    """
+    matrix = validate_adjacency(A)
+    n = matrix.shape[0]
+    d = check_damping(damping)
+    check_iteration_args(tol, max_iter)
+    if scale not in ("paper", "probability"):
+        raise InputError(f"scale must be 'paper' or 'probability', got {scale!r}", where="scale")
+    live = check_alive(alive, n)
+    base = teleport_base(teleport, n, d, live)
+    warm = check_start(start, n, live)
+    if n == 0:
+        return RankResult(np.zeros(0), 0, 0.0, 0.0, 0.0)
+
+    structure = link_structure(matrix, live)
+    out_degree = np.diff(structure.indptr)
+    # Every stored entry of row m is a link of m, so O[m] > 0 wherever it is used.
+    inv_out = 1.0 / np.repeat(out_degree, out_degree).astype(np.float64)
+    transition = sp.csr_array((inv_out, structure.indices, structure.indptr), shape=(n, n))
+    damped = damped_transpose(transition, d)
+
+    y, residual, sweeps = solve_fixed_point(
+        damped, base, damping=d, tol=tol, max_iter=max_iter, start=warm, algorithm="pagerank"
+    )
+    total = float(y.sum())
+    bound = residual / (1.0 - d)
+    if scale == "probability":
+        if total > 0.0:
+            return RankResult(y / total, sweeps, residual, probability_bound(bound, total), total)
+        # No live mass at all (every page dead): nothing to normalise.
+        return RankResult(y, sweeps, residual, 0.0 if residual == 0.0 else 2.0, total)
+    return RankResult(y, sweeps, residual, bound, total)

@@ -1,0 +1,279 @@
+"""Events -> one net :class:`~ranker.EdgeBatch` against a :class:`~ranker.LinkGraph`.
+
+The consumer and ``rankstream rank --events`` both turn validated events into graph
+edits here, so the two can never disagree about what a log means.
+
+Semantics (``docs/events.md`` is the user-facing statement of them):
+
+* events are interpreted IN ORDER against a per-batch overlay holding the out-link
+  sets of the pages the batch touches (loaded lazily from ``graph.out_links``);
+* ``page`` replaces the page's out-link set; ``link_added`` / ``link_removed`` edit
+  one link; ``page_removed`` empties the page's out-links and deletes every link
+  into it;
+* a page removed in the batch stays removed (``removed_pages``) unless a later event
+  of the same batch revives it: a ``page`` event for it, or a ``link_added`` to or
+  from it (matching :class:`~ranker.EdgeBatch`, where inserting a link revives);
+* stale rule: a ``page`` or ``page_removed`` event whose ``ts`` is older than the
+  last ``ts`` recorded for that URL (by either kind) is ignored and counted. Events
+  without ``ts`` are applied and record nothing. Link events have no stale rule;
+* self links are no-ops; ``link_removed`` / ``page_removed`` of unknown URLs are
+  no-ops and intern nothing.
+
+The overlay is finally diffed against the graph, so the batch holds only net
+changes: a link added then removed within the batch appears nowhere. New URLs are
+interned with ``graph.intern`` (dense ids, first-seen order: a page's own URL, then
+its links in order). The graph's LINKS are not touched: the caller persists the
+result, then applies ``result.batch`` with ``graph.apply`` / ``LiveRanks.apply``.
+The applier does keep its own record of the last ``ts`` per page, updated by
+:meth:`EventApplier.apply`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from producer.schema import (
+    Event,
+    LinkAddedEvent,
+    LinkRemovedEvent,
+    PageEvent,
+    PageRemovedEvent,
+)
+from ranker.linkgraph import EdgeBatch, LinkGraph
+
+__all__ = ["NO_TS", "AppliedEvents", "EventApplier"]
+
+NO_TS = np.iinfo(np.int64).min
+"""The ``last_ts`` entry of a page for which no ``ts`` has been recorded."""
+
+
+@dataclass
+class AppliedEvents:
+    """What a batch of events means for the graph, ready to persist and apply."""
+
+    batch: EdgeBatch
+    new_pages: list[tuple[int, str]] = field(default_factory=list)
+    """``(id, url)`` of every id interned by this batch, in id order."""
+    ts_updates: dict[int, int] = field(default_factory=dict)
+    """Page id -> the ``ts`` to record (epoch ms) from applied page/page_removed events."""
+    titles: dict[int, str] = field(default_factory=dict)
+    """Page id -> title from applied ``page`` events (pages removed at the end excluded)."""
+    anchors: list[tuple[int, int, str]] = field(default_factory=list)
+    """``(src id, dst id, anchor text)`` for links present at the end of the batch."""
+    applied: int = 0
+    stale_ignored: int = 0
+
+
+class _Overlay:
+    """Out-link sets of the touched pages, plus (once a removal needs it) a reverse index."""
+
+    def __init__(self, graph: LinkGraph) -> None:
+        self.graph = graph
+        self.first_new_id = graph.num_ids
+        self.out: dict[int, set[int]] = {}
+        self.base: dict[int, set[int]] = {}  # graph.out_links at load time, for the diff
+        self.cleared: set[int] = set()  # removed at some point in this batch
+        self.dead: set[int] = set()  # removed and not revived (so far)
+        # target -> overlay pages that may link to it; a superset, built on the first
+        # page_removed only, so batches without removals never pay for it.
+        self.reverse: dict[int, set[int]] | None = None
+
+    def _graph_out(self, page: int) -> set[int]:
+        known = self.base.get(page)
+        if known is None:
+            is_new = page >= self.first_new_id
+            known = set() if is_new else set(self.graph.out_links(page).tolist())
+            self.base[page] = known
+        return known
+
+    def load(self, page: int) -> set[int]:
+        links = self.out.get(page)
+        if links is None:
+            # Links into pages removed earlier in this batch are gone already.
+            links = self._graph_out(page) - self.cleared
+            self.out[page] = links
+            self._index(page, links)
+        return links
+
+    def replace(self, page: int, targets: list[int]) -> None:
+        links = set(targets)
+        self.out[page] = links
+        self._index(page, links)
+        if self.dead:
+            self.dead.discard(page)
+            self.dead.difference_update(links)
+
+    def add(self, src: int, dst: int) -> None:
+        self.load(src).add(dst)
+        if self.reverse is not None:
+            self.reverse.setdefault(dst, set()).add(src)
+        if self.dead:
+            self.dead.discard(src)
+            self.dead.discard(dst)
+
+    def discard(self, src: int, dst: int) -> None:
+        self.load(src).discard(dst)
+
+    def remove_page(self, page: int) -> None:
+        if self.reverse is None:
+            self.reverse = {}
+            for source, links in self.out.items():
+                self._index(source, links)
+        self.out[page] = set()
+        for source in self.reverse.get(page, ()):
+            self.out[source].discard(page)
+        self.cleared.add(page)
+        self.dead.add(page)
+
+    def _index(self, page: int, links: set[int]) -> None:
+        reverse = self.reverse
+        if reverse is not None:
+            for target in links:
+                reverse.setdefault(target, set()).add(page)
+
+    def diff(self) -> EdgeBatch:
+        """Net insertions and deletions of the overlay against the graph."""
+        ins_src: list[int] = []
+        ins_dst: list[int] = []
+        del_src: list[int] = []
+        del_dst: list[int] = []
+        for page, links in self.out.items():
+            old = self._graph_out(page)
+            added = links - old
+            if added:
+                ins_src.extend([page] * len(added))
+                ins_dst.extend(added)
+            gone = old - links
+            if gone:
+                del_src.extend([page] * len(gone))
+                del_dst.extend(gone)
+        # A page removed and revived in this batch lost its old in-links too; those
+        # from pages outside the overlay are not covered by the diff above.
+        for page in self.cleared - self.dead:
+            if page < self.first_new_id:
+                for source in self.graph.in_links(page).tolist():
+                    if source not in self.out:
+                        del_src.append(source)
+                        del_dst.append(page)
+        return EdgeBatch(
+            insert_src=np.asarray(ins_src, dtype=np.int32),
+            insert_dst=np.asarray(ins_dst, dtype=np.int32),
+            delete_src=np.asarray(del_src, dtype=np.int32),
+            delete_dst=np.asarray(del_dst, dtype=np.int32),
+            removed_pages=np.asarray(sorted(self.dead), dtype=np.int32),
+        )
+
+
+class EventApplier:
+    """Interprets event batches against a graph; keeps the last ``ts`` of each page."""
+
+    def __init__(self, graph: LinkGraph, last_ts: np.ndarray | None = None) -> None:
+        """``last_ts[id]`` is the recorded ts of page ``id`` (``NO_TS`` if none)."""
+        self.graph = graph
+        size = max(graph.num_ids, 1024, 0 if last_ts is None else len(last_ts))
+        self._last_ts = np.full(size, NO_TS, dtype=np.int64)
+        if last_ts is not None:
+            self._last_ts[: len(last_ts)] = np.asarray(last_ts, dtype=np.int64)
+
+    @property
+    def last_ts(self) -> np.ndarray:
+        """Recorded ts per page id (``NO_TS`` where none), length ``graph.num_ids``."""
+        return self._last_ts[: self.graph.num_ids]
+
+    def last_ts_of(self, page_id: int) -> int | None:
+        """The recorded ts of ``page_id``, or None."""
+        if page_id >= len(self._last_ts):
+            return None
+        value = int(self._last_ts[page_id])
+        return None if value == NO_TS else value
+
+    def apply(self, events: Sequence[Event]) -> AppliedEvents:
+        """One net edge batch for ``events`` (see the module docstring for the rules)."""
+        graph = self.graph
+        intern = graph.intern
+        overlay = _Overlay(graph)
+        ts_updates: dict[int, int] = {}
+        titles: dict[int, str] = {}
+        page_anchors: dict[int, list[tuple[int, str]]] = {}
+        stale = 0
+
+        def is_stale(page: int, ts: int) -> bool:
+            last = ts_updates.get(page)
+            if last is None:
+                last = self.last_ts_of(page)
+            return last is not None and ts < last
+
+        for event in events:
+            if isinstance(event, PageEvent):
+                if event.ts is not None:
+                    known = graph.id_of(event.url)
+                    if known is not None and is_stale(known, event.ts):
+                        stale += 1
+                        continue
+                page = intern(event.url)
+                targets = [intern(url) for url in event.links]
+                overlay.replace(page, targets)
+                if event.ts is not None:
+                    ts_updates[page] = event.ts
+                if event.title is not None:
+                    titles[page] = event.title
+                if event.anchors:
+                    by_url = dict(zip(event.links, targets, strict=True))
+                    page_anchors[page] = [(by_url[url], text) for url, text in event.anchors]
+                else:
+                    page_anchors.pop(page, None)
+            elif isinstance(event, LinkAddedEvent):
+                if event.src != event.dst:
+                    overlay.add(intern(event.src), intern(event.dst))
+            elif isinstance(event, LinkRemovedEvent):
+                src, dst = graph.id_of(event.src), graph.id_of(event.dst)
+                if src is not None and dst is not None and src != dst:
+                    overlay.discard(src, dst)
+            elif isinstance(event, PageRemovedEvent):
+                page_or_none = graph.id_of(event.url)
+                if page_or_none is None:
+                    continue
+                if event.ts is not None:
+                    if is_stale(page_or_none, event.ts):
+                        stale += 1
+                        continue
+                    ts_updates[page_or_none] = event.ts
+                overlay.remove_page(page_or_none)
+                titles.pop(page_or_none, None)
+                page_anchors.pop(page_or_none, None)
+            else:  # pragma: no cover - the schema admits no other type
+                raise TypeError(f"not an event: {event!r}")
+
+        batch = overlay.diff()
+        anchors = [
+            (page, target, text)
+            for page, pairs in page_anchors.items()
+            for target, text in pairs
+            if target in overlay.out[page]
+        ]
+        self._record(ts_updates)
+        first_new = overlay.first_new_id
+        return AppliedEvents(
+            batch=batch,
+            new_pages=[(page, graph.key_of(page)) for page in range(first_new, graph.num_ids)],
+            ts_updates=ts_updates,
+            titles={page: title for page, title in titles.items() if page not in overlay.dead},
+            anchors=anchors,
+            applied=len(events) - stale,
+            stale_ignored=stale,
+        )
+
+    def _record(self, ts_updates: dict[int, int]) -> None:
+        if not ts_updates:
+            return
+        needed = self.graph.num_ids
+        if needed > len(self._last_ts):
+            grown = np.full(max(needed, 2 * len(self._last_ts)), NO_TS, dtype=np.int64)
+            grown[: len(self._last_ts)] = self._last_ts
+            self._last_ts = grown
+        pages = np.fromiter(ts_updates.keys(), dtype=np.int64, count=len(ts_updates))
+        stamps = np.fromiter(ts_updates.values(), dtype=np.int64, count=len(ts_updates))
+        self._last_ts[pages] = stamps

@@ -1,0 +1,304 @@
+"""The two services together, as the settings describe them: ``up``, ``down``, ``status``.
+
+Whatever already answers at a configured address is reused and never stopped, so
+users can point the settings at their own Kafka and Redis. Only what we started
+(known by our pid files) is ours to stop.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from rankstream.errors import ConfigError, ServiceError
+from rankstream.services import _proc
+from rankstream.services.kafka import (
+    KAFKA_VERSION,
+    KafkaBroker,
+    TopicSpec,
+    ensure_topics,
+    fetch_kafka,
+    kafka_answers,
+    kafka_pid,
+    libs_dir_for,
+    start_kafka,
+    stop_kafka,
+    topic_partitions,
+)
+from rankstream.services.redis import (
+    AclUser,
+    RedisServer,
+    redis_answers,
+    redis_binary,
+    redis_pid,
+    start_redis,
+    stop_redis,
+)
+from rankstream.settings import Settings
+
+Log = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class LocalServices:
+    """Handles on the broker and the Redis instance the settings point at."""
+
+    kafka: KafkaBroker
+    redis: RedisServer
+    topics: tuple[TopicSpec, ...]
+    kafka_options: Mapping[str, Any]
+    redis_username: str | None
+    redis_tls: bool
+    redis_ca_certs: str | None
+    state_dir: Path
+    cache_dir: Path
+
+    @property
+    def lock_file(self) -> Path:
+        return self.state_dir / "services.lock"
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    """One service as seen by ``status`` and returned by ``up``."""
+
+    name: str
+    address: str
+    up: bool
+    owner: str  # "ours", "external" or "-" (down)
+    pid: int | None = None
+    detail: str = ""
+
+    def __str__(self) -> str:
+        state = "up" if self.up else "down"
+        pid = f"pid {self.pid}" if self.pid else "-"
+        head = f"{self.name:<6} {state:<5} {self.address:<22} {self.owner:<9} {pid:<10}"
+        return f"{head} {self.detail}".rstrip()
+
+
+def _split_host_port(address: str, default_port: int) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        return address, default_port
+    if not port.isdigit():
+        raise ConfigError(f"bad port in {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def topic_specs(settings: Settings) -> tuple[TopicSpec, ...]:
+    """The event topic and its dead-letter topic."""
+    # An event just over the consumer's size limit must still be accepted by the
+    # broker, so the consumer can put its original bytes (plus the reason) in the DLQ.
+    limit = {"max.message.bytes": str(2 * settings.max_message_bytes + 64 * 1024)}
+    return (
+        TopicSpec(settings.topic, settings.topic_partitions, limit),
+        TopicSpec(settings.dlq_topic, 1, limit),
+    )
+
+
+def kafka_client_options(settings: Settings) -> dict[str, Any]:
+    """kafka-python keyword arguments for the security settings (empty for PLAINTEXT)."""
+    options: dict[str, Any] = {"security_protocol": settings.kafka_security_protocol}
+    if settings.kafka_sasl_mechanism:
+        options["sasl_mechanism"] = settings.kafka_sasl_mechanism
+    if settings.kafka_sasl_username:
+        options["sasl_plain_username"] = settings.kafka_sasl_username
+    if settings.kafka_sasl_password is not None:
+        options["sasl_plain_password"] = settings.kafka_sasl_password.get_secret_value()
+    if settings.kafka_ssl_cafile is not None:
+        options["ssl_cafile"] = str(settings.kafka_ssl_cafile)
+    return options
+
+
+def local_services(settings: Settings, *, kafka_version: str = KAFKA_VERSION) -> LocalServices:
+    """Translate the settings into broker and Redis handles (nothing is started)."""
+    kafka_host, kafka_port = _split_host_port(settings.kafka_bootstrap.split(",")[0].strip(), 9092)
+    url = urlsplit(settings.redis_url)
+    if url.scheme not in {"redis", "rediss"} or not url.hostname:
+        raise ConfigError(f"RANKSTREAM_REDIS_URL must be redis://host:port/db, got {url.scheme}://")
+    password = settings.redis_password.get_secret_value() if settings.redis_password else None
+    password = password or url.password
+    username = settings.redis_username or url.username
+    users = (AclUser(username, password),) if username and password else ()
+    state_dir = settings.state_dir.expanduser()
+    cache_dir = settings.cache_dir.expanduser()
+    return LocalServices(
+        kafka=KafkaBroker(
+            home=state_dir / "kafka",
+            libs_dir=libs_dir_for(cache_dir, kafka_version),
+            host=kafka_host,
+            port=kafka_port,
+            controller_port=kafka_port + 1,
+            version=kafka_version,
+        ),
+        # Ours honours the configured credentials, so clients work either way.
+        redis=RedisServer(home=state_dir / "redis", host=url.hostname, port=url.port or 6379,
+                          requirepass=password, acl_users=users),
+        topics=topic_specs(settings),
+        kafka_options=kafka_client_options(settings),
+        redis_username=username,
+        redis_tls=url.scheme == "rediss",
+        redis_ca_certs=str(settings.redis_ssl_ca_certs) if settings.redis_ssl_ca_certs else None,
+        state_dir=state_dir,
+        cache_dir=cache_dir,
+    )
+
+
+def _redis_probe(svc: LocalServices) -> bool:
+    return redis_answers(svc.redis.host, svc.redis.port, password=svc.redis.requirepass,
+                         username=svc.redis_username, ssl=svc.redis_tls,
+                         ssl_ca_certs=svc.redis_ca_certs)
+
+
+def _redis_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) -> ServiceState:
+    server = svc.redis
+    address = f"{server.host}:{server.port}"
+    pid = redis_pid(server)
+    if pid is None and _redis_probe(svc):
+        return ServiceState("redis", address, True, "external", detail="reused")
+    if pid is None:
+        if not _proc.is_loopback(server.host) or svc.redis_tls:
+            raise ServiceError(f"Redis at {address} does not answer, and we only start one on "
+                               "loopback: start yours or fix RANKSTREAM_REDIS_URL")
+        log(f"starting redis-server on {address}")
+        pid = start_redis(server, binary=redis_binary(install=install), timeout=timeout)
+    return ServiceState("redis", address, True, "ours", pid, f"data {server.data_dir}")
+
+
+def _kafka_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) -> ServiceState:
+    broker = svc.kafka
+    opts = svc.kafka_options
+    pid = kafka_pid(broker)
+    if pid is None and kafka_answers(broker.bootstrap, **opts):
+        return ServiceState("kafka", broker.bootstrap, True, "external", detail="reused")
+    if pid is None:
+        if not _proc.is_loopback(broker.host) or opts.get("security_protocol") != "PLAINTEXT":
+            raise ServiceError(f"Kafka at {broker.bootstrap} does not answer, and we only start "
+                               "a PLAINTEXT broker on loopback: start yours or fix the settings")
+        if not (broker.libs_dir / ".complete").is_file():
+            log(f"fetching Kafka {broker.version} from Maven Central (once) into "
+                f"{broker.libs_dir}")
+            fetch_kafka(svc.cache_dir, broker.version, install_tools=install)
+        java = _proc.require_binary("java", debian_package="openjdk-17-jre-headless",
+                                    install=install)
+        log(f"starting Kafka {broker.version} (KRaft) on {broker.bootstrap}")
+        pid = start_kafka(broker, java=java, timeout=timeout)
+    elif not _proc.wait_until(lambda: kafka_answers(broker.bootstrap, **opts), timeout):
+        raise ServiceError(f"our Kafka broker (pid {pid}) runs but does not answer at "
+                           f"{broker.bootstrap}")
+    return ServiceState("kafka", broker.bootstrap, True, "ours", pid, f"Kafka {broker.version}")
+
+
+def _create_topics(svc: LocalServices, *, timeout: float, log: Log) -> None:
+    # Right after a cold start the controller may still be settling; retry briefly.
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            created = ensure_topics(svc.kafka.bootstrap, svc.topics, **svc.kafka_options)
+            break
+        except ServiceError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+    for name in created:
+        log(f"created topic {name}")
+
+
+def up(settings: Settings, *, timeout: float = 120.0, install: bool = True,
+       log: Log = _quiet) -> list[ServiceState]:
+    """Make sure Redis and Kafka answer and the project topics exist. Idempotent.
+
+    Starts what is missing (fetching Kafka's jars and installing redis-server the
+    first time), reuses what already answers, waits up to ``timeout`` seconds per
+    service, and raises :class:`ServiceError` (with the broker log's tail) if a
+    service does not come up.
+    """
+    svc = local_services(settings)
+    with _proc.file_lock(svc.lock_file):
+        states = [
+            _redis_up(svc, install=install, timeout=timeout, log=log),
+            _kafka_up(svc, install=install, timeout=timeout, log=log),
+        ]
+        _create_topics(svc, timeout=timeout, log=log)
+    return states
+
+
+def down(settings: Settings, *, timeout: float = 60.0) -> list[str]:
+    """Stop what we started (SIGTERM, then SIGKILL after ``timeout``); leave the rest."""
+    svc = local_services(settings)
+    said: list[str] = []
+    with _proc.file_lock(svc.lock_file):
+        for name, stop in (("kafka", lambda: stop_kafka(svc.kafka, timeout=timeout)),
+                           ("redis", lambda: stop_redis(svc.redis, timeout=timeout))):
+            said.append(f"{name}: stopped" if stop() else f"{name}: not ours or not running")
+    return said
+
+
+def status(settings: Settings) -> list[ServiceState]:
+    """Look, do not touch: one state per service."""
+    svc = local_services(settings)
+    return [_redis_status(svc), _kafka_status(svc, settings)]
+
+
+def _redis_status(svc: LocalServices) -> ServiceState:
+    server = svc.redis
+    address = f"{server.host}:{server.port}"
+    pid = redis_pid(server)
+    owner = "ours" if pid else "external"
+    if not _redis_probe(svc):
+        detail = "process runs but does not answer (frozen?)" if pid else ""
+        return ServiceState("redis", address, False, owner if pid else "-", pid, detail)
+    return ServiceState("redis", address, True, owner, pid, _appendonly(svc))
+
+
+def _appendonly(svc: LocalServices) -> str:
+    import redis as redis_py
+
+    client = redis_py.Redis(host=svc.redis.host, port=svc.redis.port,
+                            password=svc.redis.requirepass, username=svc.redis_username,
+                            ssl=svc.redis_tls, ssl_ca_certs=svc.redis_ca_certs,
+                            socket_timeout=1.0, decode_responses=True)
+    try:
+        return f"appendonly={client.config_get('appendonly').get('appendonly', '?')}"
+    except redis_py.RedisError:
+        return "appendonly=? (CONFIG not allowed)"
+    finally:
+        client.close()
+
+
+def _kafka_status(svc: LocalServices, settings: Settings) -> ServiceState:
+    broker = svc.kafka
+    pid = kafka_pid(broker)
+    owner = "ours" if pid else "external"
+    if not kafka_answers(broker.bootstrap, **svc.kafka_options):
+        return ServiceState("kafka", broker.bootstrap, False, owner if pid else "-", pid,
+                            "process runs but does not answer" if pid else "")
+    names = [spec.name for spec in svc.topics]
+    found = topic_partitions(broker.bootstrap, names, **svc.kafka_options)
+    topics = " ".join(f"{n}({found[n]})" if n in found else f"{n}(missing)" for n in names)
+    version = f"Kafka {broker.version} " if pid else ""
+    return ServiceState("kafka", broker.bootstrap, True, owner, pid, f"{version}topics {topics}")
+
+
+def env_lines(settings: Settings) -> list[str]:
+    """``export RANKSTREAM_...=...`` lines for a shell (``eval "$(... env)"``); no secrets."""
+    values = {
+        "KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "TOPIC": settings.topic,
+        "DLQ_TOPIC": settings.dlq_topic,
+        "TOPIC_PARTITIONS": str(settings.topic_partitions),
+        "REDIS_URL": settings.redis_url,
+        "KEY_PREFIX": settings.key_prefix,
+        "CACHE_DIR": str(settings.cache_dir),
+        "STATE_DIR": str(settings.state_dir),
+    }
+    return [f"export RANKSTREAM_{key}={shlex.quote(value)}" for key, value in values.items()]

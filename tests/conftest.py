@@ -1,0 +1,40 @@
+"""Fixtures shared by every test directory that needs the real services.
+
+``tests/integration`` and ``tests/faults`` turn :func:`services` on for all their
+tests with an autouse fixture in their own conftest; unit tests never touch it.
+There is no opt-in flag: CI runs everything, and the services start on demand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from rankstream.services import up
+from rankstream.services.testing import Isolated
+from rankstream.services.testing import isolated as isolate
+from rankstream.settings import Settings, load_settings
+
+
+@pytest.fixture(scope="session")
+def services() -> Settings:
+    """Kafka and Redis answering at the configured addresses; returns the settings.
+
+    Calls the same idempotent ``up`` as ``./run services up``, so a run started by
+    ./run (which already brought them up) pays well under a second here.
+
+    It deliberately does not stop them at the end: ./run owns their lifetime, a
+    developer's running services (or the user's own, reused ones) must survive a
+    test run, and restarting a broker for every pytest run would cost seconds.
+    """
+    settings = load_settings()
+    up(settings, timeout=180.0)
+    return settings
+
+
+@pytest.fixture
+def isolated(services: Settings, request: pytest.FixtureRequest) -> Iterator[Isolated]:
+    """Per-test topics (created, then deleted) and Redis key prefix (wiped after)."""
+    with isolate(services, request.node.name) as names:
+        yield names

@@ -1,0 +1,334 @@
+"""HITS on demand against the real redis-server: root set, base set, options, cache.
+
+Each test writes a hand-made graph straight into Redis in the public layout
+(docs/redis-keys.md) under its own key prefix, wiped afterwards.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+import numpy as np
+import pytest
+import redis as redis_py
+
+from consumer import hits_query
+from consumer.hits_query import HitsQuery, collect_subgraph, run_hits, url_host
+from consumer.text_index import index_text
+from producer.urls import canonicalize_url
+from rankstream.errors import InputError
+from rankstream.services.testing import delete_keys, redis_client
+from rankstream.settings import Settings
+
+
+@dataclass
+class HandGraph:
+    """Writes pages, links, titles, anchors and PageRank scores in the public layout."""
+
+    client: redis_py.Redis
+    prefix: str
+    ids: dict[str, int] = field(default_factory=dict)
+
+    def page(self, url: str) -> int:
+        url = canonicalize_url(url)
+        if url not in self.ids:
+            page_id = len(self.ids)
+            self.ids[url] = page_id
+            self.client.hset(f"{self.prefix}page:id", url, page_id)
+            self.client.hset(f"{self.prefix}page:url", page_id, url)
+        return self.ids[url]
+
+    def write(
+        self,
+        links: Iterable[tuple[str, str]] = (),
+        *,
+        titles: Mapping[str, str] | None = None,
+        anchors: Iterable[tuple[str, str, str]] = (),
+        pagerank: Mapping[str, float] | None = None,
+        pages: Iterable[str] = (),
+    ) -> None:
+        for url in pages:
+            self.page(url)
+        pipe = self.client.pipeline(transaction=True)
+        for src, dst in links:
+            s, d = self.page(src), self.page(dst)
+            pipe.sadd(f"{self.prefix}out:{s}", d)
+            pipe.sadd(f"{self.prefix}in:{d}", s)
+        index_text(
+            pipe,
+            self.prefix,
+            {self.page(u): t for u, t in (titles or {}).items()},
+            [(self.page(s), self.page(d), t) for s, d, t in anchors],
+        )
+        if pagerank:
+            pipe.zadd(f"{self.prefix}scores:pagerank",
+                      {canonicalize_url(u): y for u, y in pagerank.items()})
+        pipe.hincrby(f"{self.prefix}graph", "version", 1)
+        pipe.execute()
+
+    def unlink(self, src: str, dst: str) -> None:
+        s, d = self.ids[canonicalize_url(src)], self.ids[canonicalize_url(dst)]
+        pipe = self.client.pipeline(transaction=True)
+        pipe.srem(f"{self.prefix}out:{s}", d)
+        pipe.srem(f"{self.prefix}in:{d}", s)
+        pipe.hincrby(f"{self.prefix}graph", "version", 1)
+        pipe.execute()
+
+
+@pytest.fixture
+def graph(services: Settings) -> Iterator[HandGraph]:
+    """An empty graph under a fresh prefix (Redis only: no Kafka topics needed)."""
+    prefix = f"test:hits:{uuid.uuid4().hex[:10]}:"
+    client = redis_client(services)
+    try:
+        yield HandGraph(client, prefix)
+    finally:
+        client.close()
+        delete_keys(services, prefix)
+
+
+def base_urls(graph: HandGraph, query: HitsQuery) -> list[str]:
+    return collect_subgraph(graph.client, graph.prefix, query).urls
+
+
+# --- base set ----------------------------------------------------------------------
+
+
+def _star(graph: HandGraph) -> None:
+    """Root r.org links to o1, o2; ten pages i0..i9 link to r.org; noise around them."""
+    links = [("https://r.org/", "https://o1.org/"), ("https://r.org/", "https://o2.org/")]
+    links += [(f"https://i{i}.org/", "https://r.org/") for i in range(10)]
+    # Pages one hop further out must NOT enter the base set.
+    links += [("https://o1.org/", "https://far.org/"), ("https://far2.org/", "https://o1.org/")]
+    links += [("https://i0.org/", "https://o2.org/")]
+    scores = [5, 1, 9, 3, 7, 3, 2, 8, 3, 0]
+    pagerank = {f"https://i{i}.org/": float(s) for i, s in enumerate(scores)}
+    graph.write(links, pagerank=pagerank)
+
+
+def test_base_set_is_root_plus_out_links_plus_best_in_links(graph: HandGraph) -> None:
+    _star(graph)
+    query = HitsQuery(seeds=("https://r.org",), max_in=4, drop_intrinsic=False)
+    # i2 (9), i7 (8), i4 (7), i0 (5); everything reachable in one hop from r.org.
+    assert base_urls(graph, query) == sorted(
+        ["https://r.org/", "https://o1.org/", "https://o2.org/",
+         "https://i2.org/", "https://i7.org/", "https://i4.org/", "https://i0.org/"]
+    )
+
+
+def test_in_link_cap_breaks_pagerank_ties_by_url(graph: HandGraph) -> None:
+    _star(graph)
+    # Scores 9, 8, 7, 5, then three pages tie at 3: i3 < i5 < i8 by URL.
+    six = base_urls(graph, HitsQuery(seeds=("https://r.org/",), max_in=6))
+    assert {u for u in six if u.startswith("https://i")} == {
+        f"https://i{i}.org/" for i in (2, 7, 4, 0, 3, 5)
+    }
+
+
+def test_all_in_links_when_under_the_cap_and_none_with_zero(graph: HandGraph) -> None:
+    _star(graph)
+    everything = base_urls(graph, HitsQuery(seeds=("https://r.org/",), max_in=50))
+    assert len(everything) == 3 + 10
+    nothing = base_urls(graph, HitsQuery(seeds=("https://r.org/",), max_in=0))
+    assert nothing == ["https://o1.org/", "https://o2.org/", "https://r.org/"]
+
+
+def test_base_set_is_deterministic_across_insertion_orders(
+    graph: HandGraph, services: Settings
+) -> None:
+    _star(graph)
+    query = HitsQuery(seeds=("https://r.org/",), max_in=5)
+    first = collect_subgraph(graph.client, graph.prefix, query)
+    # The same graph written in another order (other ids, other set layouts).
+    other = HandGraph(graph.client, f"{graph.prefix}shuffled:")
+    try:
+        rng = random.Random(7)
+        for url in rng.sample(sorted(graph.ids), len(graph.ids)):
+            other.page(url)
+        _star(other)
+        second = collect_subgraph(other.client, other.prefix, query)
+    finally:
+        delete_keys(services, other.prefix)
+    assert first.urls == second.urls
+    assert (first.adjacency != second.adjacency).nnz == 0
+
+
+def test_in_candidate_cap_keeps_lowest_ids(graph: HandGraph, monkeypatch: Any) -> None:
+    _star(graph)
+    monkeypatch.setattr(hits_query, "MAX_IN_CANDIDATES", 3)
+    urls = base_urls(graph, HitsQuery(seeds=("https://r.org/",), max_in=2))
+    # i0..i2 got the lowest ids; of those, i2 (9) and i0 (5) score best.
+    assert {u for u in urls if u.startswith("https://i")} == {"https://i2.org/", "https://i0.org/"}
+
+
+def test_unknown_and_duplicate_seeds(graph: HandGraph) -> None:
+    _star(graph)
+    answer = run_hits(graph.client, graph.prefix, HitsQuery(
+        seeds=("https://R.org:443/#top", "https://r.org/", "https://nowhere.org/"),
+        max_in=0, drop_intrinsic=False))
+    assert answer.root_size == 1
+    assert answer.unknown_seeds == ["https://nowhere.org/"]
+    with pytest.raises(InputError, match="seed"):
+        HitsQuery(seeds=("not a url",)).normal_form()
+
+
+# --- text root set --------------------------------------------------------------------
+
+
+def test_text_root_set_ranks_by_matching_terms_then_pagerank(graph: HandGraph) -> None:
+    titles = {
+        "https://a.org/": "The Python Tutorial",
+        "https://b.org/": "Python",
+        "https://c.org/": "A tutorial on snakes",
+        "https://d.org/": "Python",
+        "https://e.org/": "Unrelated",
+    }
+    anchors = [("https://e.org/", "https://c.org/", "python basics")]
+    graph.write(titles=titles, anchors=anchors,
+                pagerank={"https://b.org/": 2.0, "https://d.org/": 3.0, "https://c.org/": 0.5})
+    query = HitsQuery(text="the PYTHON tutorials tutorial", root_size=3, max_in=0,
+                      drop_intrinsic=False)
+    sub = collect_subgraph(graph.client, graph.prefix, query)
+    roots = sorted(u for u, r in zip(sub.urls, sub.is_root, strict=True) if r)
+    # a and c match two terms; then d (pagerank 3) beats b (2); root_size 3 cuts b.
+    assert roots == ["https://a.org/", "https://c.org/", "https://d.org/"]
+    with pytest.raises(InputError, match="no searchable terms"):
+        run_hits(graph.client, graph.prefix, HitsQuery(text="the of and"))
+
+
+# --- options -----------------------------------------------------------------------------
+
+
+def test_intrinsic_links_are_dropped_by_default(graph: HandGraph) -> None:
+    graph.write([
+        ("https://a.com/1", "https://a.com/2"),
+        ("https://a.com:8080/3", "https://a.com/1"),  # same host, other port: intrinsic
+        ("https://a.com/1", "https://b.com/1"),
+        ("https://b.com/1", "https://a.com/2"),
+    ])
+    seeds = ("https://a.com/1",)
+    dropped = run_hits(graph.client, graph.prefix, HitsQuery(seeds=seeds, k=10))
+    kept = run_hits(graph.client, graph.prefix,
+                    HitsQuery(seeds=seeds, k=10, drop_intrinsic=False))
+    assert (dropped.links, dropped.intrinsic_dropped) == (2, 2)
+    assert (kept.links, kept.intrinsic_dropped) == (4, 0)
+    assert dropped.base_size == kept.base_size == 4
+    assert {p.url for p in dropped.authorities} == {"https://b.com/1", "https://a.com/2"}
+    assert {p.url for p in dropped.hubs} == {"https://a.com/1", "https://b.com/1"}
+
+
+def _mutual_reinforcement(graph: HandGraph) -> list[str]:
+    """Three independent hubs on three hosts cite three authorities on three hosts;
+    five pages of spam.com all cite both pages of target.com (a 5x2 block that beats
+    the 3x3 block on page count alone)."""
+    good_hubs = ["https://h1.com/", "https://h2.org/", "https://h3.net/"]
+    good = ["https://good1.org/", "https://good2.org/", "https://good3.org/"]
+    spam = [f"https://spam.com/p{i}" for i in range(5)]
+    target = ["https://target.com/t1", "https://target.com/t2"]
+    links = [(h, a) for h in good_hubs for a in good] + [(s, t) for s in spam for t in target]
+    graph.write(links)
+    return good_hubs + good + spam + target
+
+
+def test_host_weighting_demotes_a_mutually_reinforcing_host(graph: HandGraph) -> None:
+    seeds = tuple(_mutual_reinforcement(graph))
+    plain = run_hits(graph.client, graph.prefix, HitsQuery(seeds=seeds, k=3))
+    weighted = run_hits(graph.client, graph.prefix,
+                        HitsQuery(seeds=seeds, k=3, host_weighting=True))
+    assert {url_host(p.url) for p in plain.authorities[:2]} == {"target.com"}
+    assert {url_host(p.url) for p in plain.hubs} == {"spam.com"}
+    assert [p.url for p in weighted.authorities] == [
+        "https://good1.org/", "https://good2.org/", "https://good3.org/"]
+    assert {url_host(p.url) for p in weighted.hubs} == {"h1.com", "h2.org", "h3.net"}
+
+
+def test_host_weights_are_the_product_of_both_rules(graph: HandGraph) -> None:
+    seeds = tuple(_mutual_reinforcement(graph))
+    sub = collect_subgraph(graph.client, graph.prefix, HitsQuery(seeds=seeds, host_weighting=True))
+    weights = {
+        (sub.urls[i], sub.urls[j]): w
+        for i, j, w in zip(*sub.adjacency.nonzero(), sub.adjacency.data, strict=True)
+    }
+    assert weights[("https://spam.com/p0", "https://target.com/t1")] == pytest.approx(1 / 10)
+    assert weights[("https://h1.com/", "https://good1.org/")] == 1.0
+
+
+# --- equality with networkx -----------------------------------------------------------
+
+
+def _random_web(graph: HandGraph, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    urls = [f"https://host{rng.randrange(8)}.example/p{i}" for i in range(60)]
+    links = {(rng.choice(urls), rng.choice(urls)) for _ in range(240)}
+    graph.write([(s, d) for s, d in links if s != d], pages=urls,
+                pagerank={u: rng.random() for u in urls})
+    return urls
+
+
+@pytest.mark.parametrize(
+    ("normalize", "drop_intrinsic", "host_weighting"),
+    [("sum", False, False), ("l2", True, False), ("sum", True, True)],
+)
+def test_equals_networkx_hits_on_the_same_base_subgraph(
+    graph: HandGraph, normalize: Any, drop_intrinsic: bool, host_weighting: bool
+) -> None:
+    urls = _random_web(graph, seed=11)
+    query = HitsQuery(seeds=tuple(urls[:6]), max_in=5, k=1000, normalize=normalize,
+                      drop_intrinsic=drop_intrinsic, host_weighting=host_weighting, tol=1e-12)
+    answer = run_hits(graph.client, graph.prefix, query, use_cache=False)
+    sub = collect_subgraph(graph.client, graph.prefix, query)
+    assert answer.base_size == len(sub.urls) > 10 and answer.links == sub.adjacency.nnz > 10
+
+    nx_graph = nx.DiGraph()
+    nx_graph.add_nodes_from(sub.urls)
+    coo = sub.adjacency.tocoo()
+    for i, j, w in zip(coo.row, coo.col, coo.data, strict=True):
+        nx_graph.add_edge(sub.urls[i], sub.urls[j], weight=float(w))
+    nx_hubs, nx_auth = nx.hits(nx_graph, max_iter=10_000, tol=1e-14)
+    for ours, theirs in ((answer.hubs, nx_hubs), (answer.authorities, nx_auth)):
+        expected = np.array([theirs[u] for u in sub.urls])
+        if normalize == "l2":
+            expected /= np.linalg.norm(expected)
+        got = dict.fromkeys(sub.urls, 0.0) | {p.url: p.score for p in ours}
+        np.testing.assert_allclose([got[u] for u in sub.urls], expected, atol=1e-9)
+
+
+# --- cache ---------------------------------------------------------------------------
+
+
+def test_cache_hit_then_invalidated_by_a_graph_change(graph: HandGraph) -> None:
+    seeds = tuple(_mutual_reinforcement(graph))
+    query = HitsQuery(seeds=seeds, k=3)
+    first = run_hits(graph.client, graph.prefix, query)
+    again = run_hits(graph.client, graph.prefix, query)
+    assert not first.cached and again.cached
+    assert again.authorities == first.authorities and again.graph_version == first.graph_version
+    assert graph.client.ttl(next(graph.client.scan_iter(f"{graph.prefix}hits:cache:*"))) > 0
+
+    # Same query in another spelling hits the same entry.
+    reordered = HitsQuery(seeds=(*reversed(seeds), seeds[0] + "#frag"), k=3)
+    assert run_hits(graph.client, graph.prefix, reordered).cached
+
+    # A graph change (version bump): the old answer must not come back.
+    for spammer in seeds[6:11]:
+        graph.unlink(spammer, "https://target.com/t1")
+    fresh = run_hits(graph.client, graph.prefix, query)
+    assert not fresh.cached and fresh.graph_version == first.graph_version + 5
+    # The spam block shrank to 5x1 (singular value sqrt 5 < 3): the good pages win now.
+    assert url_host(first.authorities[0].url) == "target.com"
+    assert fresh.authorities[0].url == "https://good1.org/"
+    assert fresh.links == first.links - 5
+    assert run_hits(graph.client, graph.prefix, query).cached
+
+
+def test_options_are_part_of_the_cache_key(graph: HandGraph) -> None:
+    seeds = tuple(_mutual_reinforcement(graph))
+    run_hits(graph.client, graph.prefix, HitsQuery(seeds=seeds))
+    other = run_hits(graph.client, graph.prefix, HitsQuery(seeds=seeds, host_weighting=True))
+    assert not other.cached
+    assert not run_hits(graph.client, graph.prefix, HitsQuery(seeds=seeds, k=4)).cached

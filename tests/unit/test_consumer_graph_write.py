@@ -1,0 +1,111 @@
+"""Pure parts of the consumer's graph write: planning and command shapes (no Redis)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from consumer.graph_write import (
+    MEMBER_CHUNK,
+    GraphCounters,
+    GraphWrite,
+    adjacency_commands,
+    adjacency_script_args,
+    bookkeeping_commands,
+    group_members,
+    plan_links,
+)
+from consumer.keys import Keys, offset_field, parse_offset_field
+from ranker.linkgraph import EdgeBatch, LinkGraph
+
+KEYS = Keys("t:")
+
+
+def _graph(num: int, edges: list[tuple[int, int]]) -> LinkGraph:
+    keys = [f"https://e.org/{i}" for i in range(num)]
+    src = np.array([s for s, _ in edges], dtype=np.int32)
+    dst = np.array([d for _, d in edges], dtype=np.int32)
+    return LinkGraph.from_id_edges(src, dst, keys)
+
+
+pairs = st.lists(st.tuples(st.integers(0, 11), st.integers(0, 11)), max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(pairs, pairs, pairs, st.lists(st.integers(0, 11), max_size=4))
+def test_plan_links_predicts_exactly_what_apply_changes(start, inserts, deletes, removed):
+    graph = _graph(12, start)
+    batch = EdgeBatch(
+        insert_src=np.array([s for s, _ in inserts], dtype=np.int32),
+        insert_dst=np.array([d for _, d in inserts], dtype=np.int32),
+        delete_src=np.array([s for s, _ in deletes], dtype=np.int32),
+        delete_dst=np.array([d for _, d in deletes], dtype=np.int32),
+        removed_pages=np.array(removed, dtype=np.int32),
+    )
+    before_src, before_dst = graph.edges()
+    before = set(zip(before_src.tolist(), before_dst.tolist(), strict=True))
+    planned = plan_links(graph, batch)
+    graph.apply(batch)
+    after_src, after_dst = graph.edges()
+    after = set(zip(after_src.tolist(), after_dst.tolist(), strict=True))
+    deleted = set(zip(planned.delete_src.tolist(), planned.delete_dst.tolist(), strict=True))
+    inserted = set(zip(planned.insert_src.tolist(), planned.insert_dst.tolist(), strict=True))
+    assert deleted == before - after
+    assert inserted == after - before
+    assert planned.links_after == graph.num_links == len(after)
+
+
+def test_group_members_groups_by_owner_and_splits_long_runs():
+    owners = np.array([5, 1, 5, 1, 9], dtype=np.int32)
+    members = np.array([50, 10, 51, 11, 90], dtype=np.int32)
+    group_owner, counts, ordered = group_members(owners, members)
+    assert group_owner.tolist() == [1, 5, 9]
+    assert counts.tolist() == [2, 2, 1]
+    assert ordered.tolist() == [10, 11, 50, 51, 90]
+    long_owner = np.zeros(MEMBER_CHUNK * 2 + 3, dtype=np.int32)
+    group_owner, counts, _ = group_members(long_owner, np.arange(long_owner.size, dtype=np.int32))
+    assert group_owner.tolist() == [0, 0, 0]
+    assert counts.tolist() == [MEMBER_CHUNK, MEMBER_CHUNK, 3]
+
+
+def test_adjacency_commands_write_both_directions_deletions_first():
+    write = GraphWrite(delete_src=np.array([1], np.int32), delete_dst=np.array([2], np.int32),
+                       insert_src=np.array([3, 3], np.int32),
+                       insert_dst=np.array([4, 5], np.int32))
+    assert adjacency_commands(KEYS, write) == [
+        ("SREM", "t:out:1", 2),
+        ("SREM", "t:in:2", 1),
+        ("SADD", "t:out:3", 4, 5),
+        ("SADD", "t:in:4", 3),
+        ("SADD", "t:in:5", 3),
+    ]
+
+
+def test_script_args_pack_int32_groups():
+    write = GraphWrite(insert_src=np.array([3, 3], np.int32),
+                       insert_dst=np.array([4, 5], np.int32))
+    args = adjacency_script_args(KEYS, write)
+    assert args[0] == "t:"
+    assert len(args) == 13
+    out_owners, out_counts, out_members = (np.frombuffer(a, "<i4") for a in args[7:10])
+    assert out_owners.tolist() == [3] and out_counts.tolist() == [2]
+    assert out_members.tolist() == [4, 5]
+
+
+def test_bookkeeping_ends_with_counters_and_offsets():
+    write = GraphWrite(new_pages=[(0, "https://a.org/"), (1, "https://b.org/")],
+                       removed_ids=[1], revived_ids=[7], ts_updates={0: 123},
+                       counters=GraphCounters(version=2, links=1, pages=1, ids=2),
+                       offsets={offset_field("topic", 0): 10})
+    cmds = bookkeeping_commands(KEYS, write)
+    assert cmds[0] == ("HSET", "t:page:id", "https://a.org/", 0, "https://b.org/", 1)
+    assert cmds[1] == ("HSET", "t:page:url", 0, "https://a.org/", 1, "https://b.org/")
+    # Revivals are undone before removals are recorded (a page can be both).
+    assert cmds.index(("SREM", "t:page:removed", 7)) < cmds.index(("SADD", "t:page:removed", 1))
+    assert cmds[-2][:2] == ("HSET", "t:graph")
+    assert cmds[-1] == ("HSET", "t:offsets", "topic:0", 10)
+
+
+def test_offset_field_round_trips_dotted_topics():
+    assert parse_offset_field(offset_field("rankstream.links", 3)) == ("rankstream.links", 3)

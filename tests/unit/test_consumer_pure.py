@@ -1,0 +1,91 @@
+"""Pure helpers of the consumer: lock values, score commands, DLQ headers, logs, stats."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import numpy as np
+
+from consumer.dead_letters import DeadLetter, dead_letter_headers
+from consumer.jsonlog import JsonFormatter, safe_address
+from consumer.kafka_source import Record
+from consumer.keys import Keys
+from consumer.lock import Holder
+from consumer.score_publisher import is_fresh, meta_fields, score_commands
+from consumer.stats import ConsumerStats, RateMeter, lag_by_partition
+
+
+def test_holder_round_trips_and_tolerates_garbage():
+    holder = Holder("box", 42, "2026-01-01T00:00:00+00:00", "abc")
+    assert Holder.decode(holder.encode()) == holder
+    odd = Holder.decode(b"not json")
+    assert odd is not None and odd.pid == -1
+    assert Holder.decode(None) is None
+    assert "pid 42 on host box" in holder.describe()
+
+
+def test_score_commands_add_live_and_remove_dead_pages():
+    keys = Keys("p:")
+    urls = ["u0", "u1", "u2", "u3"]
+    live = np.array([True, False, True, True])
+    cmds, written, removed = score_commands(
+        keys, "pagerank", np.array([0, 1, 2], np.int32), np.array([0.5, 0.0, 1.25]), live,
+        urls.__getitem__, removed_ids=[3])
+    assert cmds == [("ZADD", "p:scores:pagerank", 0.5, "u0", 1.25, "u2"),
+                    ("ZREM", "p:scores:pagerank", "u1", "u3")]
+    assert (written, removed) == (2, 2)
+
+
+def test_fresh_is_never_published_above_the_tolerance():
+    assert is_fresh(True, 1e-7, 1e-6)
+    assert not is_fresh(True, 2e-6, 1e-6)
+    assert not is_fresh(False, 0.0, 1e-6)
+    assert not is_fresh(True, float("nan"), 1e-6)
+
+
+def test_meta_fields_keep_full_precision_and_offsets_json():
+    fields = meta_fields(total=1234.5678901234567, bound=1e-9, tolerance=1e-6, fresh=True,
+                         version=7, refreshed_at="now", offsets={"t:1": 5, "t:0": 3},
+                         damping=0.85, pages=3, mode="local")
+    assert float(fields["total"]) == 1234.5678901234567
+    assert json.loads(fields["offsets"]) == {"t:0": 3, "t:1": 5}
+    assert fields["fresh"] == "1" and fields["scale"] == "paper"
+
+
+def test_dead_letter_headers_name_reason_and_origin():
+    record = Record(partition=2, offset=17, key=b"k", value=b"\xff", timestamp_ms=0)
+    headers = dict(dead_letter_headers(DeadLetter(record, "non-UTF-8: bad byte"), "links"))
+    assert headers == {"error": b"non-UTF-8: bad byte", "source_topic": b"links",
+                       "source_partition": b"2", "source_offset": b"17"}
+
+
+def test_json_formatter_merges_fields_into_one_line():
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("rankstream.test.jsonlog")
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.warning("hello %s", "world", extra={"fields": {"batch": 3}})
+    line = json.loads(stream.getvalue())
+    assert line["msg"] == "hello world" and line["batch"] == 3 and line["level"] == "warning"
+
+
+def test_safe_address_drops_credentials():
+    assert safe_address("redis://user:secret@10.0.0.1:6380/0") == "10.0.0.1:6380"
+    assert "secret" not in safe_address("rediss://:secret@host/0")
+
+
+def test_lag_and_rates():
+    assert lag_by_partition({0: 10, 1: 5}, {0: 7}) == {0: 3, 1: 5}
+    meter = RateMeter(window_s=10.0)
+    meter.add(100, now=0.0)
+    meter.add(100, now=2.0)
+    assert meter.rate(now=2.0) == 100.0
+    assert meter.rate(now=100.0) == 0.0
+    stats = ConsumerStats()
+    stats.record_batch(10, 100, 0.01)
+    fields = stats.status_fields(topic="t", version=1, stale_ignored=2, dlq_total=3)
+    assert fields["events"] == "10" and fields["dlq"] == "3" and json.loads(fields["lag"]) == {}

@@ -1,0 +1,137 @@
+"""Tests of the HITS solver (ranker.hits)."""
+
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ranker.hits import hits
+from rankstream.errors import ConvergenceError, InputError
+from tests.reference_algorithms import adjacency_matrix, random_edges, reference_hits
+
+FIG2_EDGES = [(0, 1), (0, 2), (1, 2), (2, 0), (2, 1)]
+NX_EDGES = [(1, 3), (1, 5), (2, 1), (3, 5), (5, 4), (5, 3), (6, 5)]
+
+
+def test_fig2_l2_vectors() -> None:
+    result = hits(adjacency_matrix(3, FIG2_EDGES))
+    np.testing.assert_allclose(result.hubs, [0.736976, 0.327985, 0.591009], atol=1e-6)
+    np.testing.assert_allclose(result.authorities, [0.327985, 0.736976, 0.591009], atol=1e-6)
+    assert np.linalg.norm(result.hubs) == pytest.approx(1.0)
+    assert result.error < 1e-10
+
+
+def test_networkx_test_graph_sum_normalised() -> None:
+    result = hits(adjacency_matrix(6, [(a - 1, b - 1) for a, b in NX_EDGES]), normalize="sum")
+    np.testing.assert_allclose(
+        result.authorities, [0, 0, 0.366025, 0.133975, 0.5, 0], atol=1e-6
+    )
+    np.testing.assert_allclose(
+        result.hubs, [0.366025, 0, 0.211325, 0, 0.211325, 0.211325], atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_matches_networkx_on_connected_random_graphs(seed: int) -> None:
+    graph = nx.gnp_random_graph(60, 0.15, seed=seed, directed=True)
+    assert nx.is_strongly_connected(graph)
+    edges = sorted(graph.edges())
+    result = hits(adjacency_matrix(60, edges), normalize="sum", tol=1e-12)
+    hubs, authorities = nx.hits(graph, tol=1e-12, max_iter=10_000)
+    np.testing.assert_allclose(result.hubs, [hubs[page] for page in range(60)], atol=1e-8)
+    np.testing.assert_allclose(
+        result.authorities, [authorities[page] for page in range(60)], atol=1e-8
+    )
+
+
+@pytest.mark.parametrize("kind", ["gnp", "scale_free"])
+@pytest.mark.parametrize("normalize", ["l2", "sum"])
+def test_weighted_random_graphs_match_reference(kind: str, normalize: str) -> None:
+    rng = np.random.default_rng(7)
+    edges = [(u, v, float(w)) for (u, v), w in
+             zip(random_edges(kind, 80, seed=7), rng.uniform(0.1, 3.0, 10_000), strict=False)]
+    result = hits(adjacency_matrix(83, edges, weighted=True), normalize=normalize,  # type: ignore[arg-type]
+                  tol=1e-12, max_iter=100_000)
+    hubs, authorities = reference_hits(83, edges, normalize=normalize, tol=1e-12)
+    np.testing.assert_allclose(result.hubs, hubs, atol=1e-9)
+    np.testing.assert_allclose(result.authorities, authorities, atol=1e-9)
+
+
+def test_link_weights_matter_and_duplicates_add_up() -> None:
+    unweighted = hits(adjacency_matrix(3, FIG2_EDGES))
+    heavy = [(0, 1, 3.0), (0, 2, 1.0), (1, 2, 1.0), (2, 0, 1.0), (2, 1, 1.0)]
+    weighted = hits(adjacency_matrix(3, heavy, weighted=True))
+    assert not np.allclose(weighted.authorities, unweighted.authorities, atol=1e-3)
+    # The same weight given as three unsummed duplicate entries of 1.
+    rows = [0, 0, 0, 0, 1, 2, 2]
+    cols = [1, 1, 1, 2, 2, 0, 1]
+    duplicated = sp.csr_matrix((np.ones(7), (rows, cols)), shape=(3, 3))
+    duplicated = sp.csr_matrix((duplicated.data, duplicated.indices, duplicated.indptr))
+    np.testing.assert_allclose(hits(duplicated).authorities, weighted.authorities, atol=1e-12)
+
+
+def test_self_links_and_explicit_zeros_are_dropped() -> None:
+    clean = hits(adjacency_matrix(3, FIG2_EDGES))
+    cols = [0, 1, 2, 0, 2, 0, 1]  # rows 0, 0, 0 | 1, 1 | 2, 2
+    vals = [5.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]  # self link 0->0, explicit zero 1->0
+    messy = sp.csr_array((vals, cols, [0, 3, 5, 7]), shape=(3, 3))
+    assert messy.nnz == 7
+    np.testing.assert_allclose(hits(messy).hubs, clean.hubs, atol=1e-12)
+
+
+def test_graph_without_links_gives_zeros() -> None:
+    result = hits(sp.csr_array((4, 4)))
+    np.testing.assert_array_equal(result.hubs, np.zeros(4))
+    np.testing.assert_array_equal(result.authorities, np.zeros(4))
+    assert (result.iterations, result.error) == (1, 0.0)
+    assert hits(sp.csr_array((0, 0))).hubs.shape == (0,)
+
+
+def test_max_iter_exhausted_raises_convergence_error() -> None:
+    with pytest.raises(ConvergenceError) as caught:
+        hits(adjacency_matrix(3, FIG2_EDGES), max_iter=1)
+    assert caught.value.iterations == 1
+    assert caught.value.error > 1e-10
+
+
+@pytest.mark.parametrize(
+    ("matrix", "kwargs", "message"),
+    [
+        (sp.csr_array((3, 2)), {}, "square"),
+        (np.ones((2, 2)), {}, "sparse"),
+        (sp.csr_array(np.array([[0.0, -2.0], [1.0, 0.0]])), {}, "non-negative"),
+        (sp.csr_array((2, 2)), {"normalize": "max"}, "normalize"),
+        (sp.csr_array((2, 2)), {"tol": -1.0}, "tol"),
+        (sp.csr_array((2, 2)), {"max_iter": 0}, "max_iter"),
+    ],
+)
+def test_bad_input_raises_input_error(matrix: object, kwargs: dict[str, object],
+                                      message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        hits(matrix, **kwargs)  # type: ignore[arg-type]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    graph=st.integers(min_value=1, max_value=10).flatmap(
+        lambda n: st.tuples(
+            st.just(n),
+            st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1),
+                               st.sampled_from([0.5, 1.0, 2.0])), max_size=3 * n),
+        )
+    ),
+    normalize=st.sampled_from(["l2", "sum"]),
+)
+def test_matches_reference_on_small_graphs(graph: tuple[int, list[tuple[int, int, float]]],
+                                           normalize: str) -> None:
+    num_nodes, edges = graph
+    result = hits(adjacency_matrix(num_nodes, edges, weighted=True), normalize=normalize,  # type: ignore[arg-type]
+                  tol=1e-11, max_iter=200_000)
+    hubs, authorities = reference_hits(num_nodes, edges, normalize=normalize, tol=1e-11,
+                                       max_iter=200_000)
+    np.testing.assert_allclose(result.hubs, hubs, atol=1e-9)
+    np.testing.assert_allclose(result.authorities, authorities, atol=1e-9)
