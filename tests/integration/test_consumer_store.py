@@ -1,0 +1,136 @@
+"""The consumer's Redis side against the real redis-server: graph transaction and lock."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import redis as redis_py
+
+from consumer.graph_write import GraphCounters, GraphWrite, commit_graph, plan_links
+from consumer.keys import Keys, offset_field
+from consumer.lock import ConsumerLock, Holder, LockHeld, LockLost
+from consumer.redis_store import connect_redis, load_stored
+from producer.schema import DEFAULT_LIMITS, decode_event
+from ranker.linkgraph import LinkGraph
+from rankstream.graph_updates import EventApplier
+from rankstream.services.testing import Isolated
+
+URLS = [f"https://e{i % 7}.example.org/p/{i}" for i in range(40)]
+
+
+@pytest.fixture
+def client(isolated: Isolated) -> redis_py.Redis:
+    return connect_redis(isolated.settings)
+
+
+def _random_event(rng: random.Random) -> bytes:
+    kind = rng.random()
+    if kind < 0.5:
+        data = {"type": "page", "url": rng.choice(URLS),
+                "links": rng.sample(URLS, rng.randrange(0, 6))}
+    elif kind < 0.7:
+        data = {"type": "link_added", "src": rng.choice(URLS), "dst": rng.choice(URLS)}
+    elif kind < 0.9:
+        data = {"type": "link_removed", "src": rng.choice(URLS), "dst": rng.choice(URLS)}
+    else:
+        data = {"type": "page_removed", "url": rng.choice(URLS)}
+    return json.dumps(data).encode()
+
+
+@pytest.mark.parametrize("bulk", [True, False], ids=["script", "plain"])
+def test_graph_transactions_keep_redis_equal_to_the_mirror(isolated, client, bulk):
+    keys = Keys(isolated.key_prefix)
+    rng = random.Random(7)
+    graph = LinkGraph()
+    applier = EventApplier(graph)
+    removed: set[int] = set()
+    for batch_no in range(30):
+        events = [decode_event(_random_event(rng), DEFAULT_LIMITS)
+                  for _ in range(rng.randrange(1, 25))]
+        applied = applier.apply(events)
+        planned = plan_links(graph, applied.batch)
+        live = graph.live_mask()
+        revived = sorted(p for p in removed if live[p])
+        write = GraphWrite(
+            new_pages=applied.new_pages, removed_ids=planned.removed_ids.tolist(),
+            revived_ids=revived, delete_src=planned.delete_src, delete_dst=planned.delete_dst,
+            insert_src=planned.insert_src, insert_dst=planned.insert_dst,
+            ts_updates=applied.ts_updates,
+            counters=GraphCounters(version=batch_no, links=planned.links_after),
+            offsets={offset_field("t", 0): batch_no + 1})
+        commit_graph(client, keys, write, bulk=bulk)
+        graph.apply(applied.batch)
+        removed = (removed - set(revived)) | set(planned.removed_ids.tolist())
+
+        stored = load_stored(client, keys, "t")
+        src, dst = graph.edges()
+        assert set(zip(stored.edge_src.tolist(), stored.edge_dst.tolist(), strict=True)) == \
+            set(zip(src.tolist(), dst.tolist(), strict=True))
+        assert set(stored.removed.tolist()) == {p for p in range(graph.num_ids)
+                                                if not graph.is_live(p)}
+        assert stored.urls == [graph.key_of(p) for p in range(graph.num_ids)]
+        assert stored.offsets == {0: batch_no + 1}
+        assert stored.counters.links == graph.num_links
+    for page in range(graph.num_ids):
+        in_ids = {int(x) for x in client.smembers(keys.in_links(page))}
+        assert in_ids == set(graph.in_links(page).tolist())
+
+
+def test_second_lock_refuses_and_names_the_holder(isolated, client):
+    key = Keys(isolated.key_prefix).lock
+    first = ConsumerLock(client, key, ttl_ms=5000)
+    first.acquire()
+    second = ConsumerLock(client, key, ttl_ms=5000)
+    with pytest.raises(LockHeld, match=f"pid {first.holder.pid}"):
+        second.acquire()
+    first.release()
+    second.acquire()
+    assert second.still_ours() and not first.still_ours()
+    second.release()
+    assert client.get(key) is None
+
+
+def test_lease_of_a_dead_process_is_taken_over(isolated, client):
+    key = Keys(isolated.key_prefix).lock
+    # A pid far above pid_max: certainly no such process on this host.
+    dead = ConsumerLock(client, key, ttl_ms=60_000, pid=2**22 + 12345)
+    dead.acquire()
+    successor = ConsumerLock(client, key, ttl_ms=60_000)
+    successor.acquire()
+    holder = Holder.decode(client.get(key))
+    assert holder is not None and holder.pid == successor.holder.pid
+    successor.release()
+
+
+def test_fenced_transaction_aborts_when_the_lease_changes(isolated, client):
+    keys = Keys(isolated.key_prefix)
+    lock = ConsumerLock(client, keys.lock, ttl_ms=5000)
+    lock.acquire()
+    write = GraphWrite(counters=GraphCounters(version=1), offsets={"t:0": 1})
+    commit_graph(client, keys, write, fence=lock)
+    assert client.hget(keys.offsets, "t:0") == b"1"
+    client.set(keys.lock, b"someone else")
+    with pytest.raises(LockLost):
+        commit_graph(client, keys, GraphWrite(offsets={"t:0": 2}), fence=lock)
+    assert client.hget(keys.offsets, "t:0") == b"1"
+    assert not lock.renew() and lock.lost.is_set()
+
+
+def test_renewal_extends_the_lease(isolated, client):
+    key = Keys(isolated.key_prefix).lock
+    lock = ConsumerLock(client, key, ttl_ms=3000)
+    lock.acquire()
+    client.pexpire(key, 1000)
+    assert lock.renew()
+    assert client.pttl(key) > 2000
+    lock.release()
+
+
+def test_load_of_an_empty_prefix_is_empty(isolated, client):
+    stored = load_stored(client, Keys(isolated.key_prefix), isolated.topic)
+    assert stored.urls == [] and stored.edge_src.size == 0 and stored.offsets == {}
+    assert stored.counters == GraphCounters()
+    assert np.array_equal(stored.removed, np.zeros(0, np.int32))
