@@ -1,1 +1,30 @@
-"""consumer package."""
+"""The streaming service: Kafka events in, Redis graph and live scores out.
+
+Public API:
+
+* :class:`ConsumerService` / :func:`run_consumer` with :class:`ConsumeOptions`:
+  the ``rankstream consume`` loop (consumer/service.py);
+* readers of the public Redis layout (docs/redis-keys.md): :func:`top`,
+  :func:`score`, :func:`status`, :func:`meta`;
+* :class:`Keys`: every key name under a prefix; :func:`connect_redis`: a redis-py
+  client built from settings.
+"""
+
+from consumer.keys import ALGORITHMS, Keys
+from consumer.readers import Meta, meta, score, status, top
+from consumer.redis_store import connect_redis
+from consumer.service import ConsumeOptions, ConsumerService, run_consumer
+
+__all__ = [
+    "ALGORITHMS",
+    "ConsumeOptions",
+    "ConsumerService",
+    "Keys",
+    "Meta",
+    "connect_redis",
+    "meta",
+    "run_consumer",
+    "score",
+    "status",
+    "top",
+]

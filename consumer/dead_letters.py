@@ -26,8 +26,10 @@ from rankstream.settings import Settings
 log = logging.getLogger("rankstream.consumer.dlq")
 
 FLUSH_TIMEOUT_S = 30.0
-# Room left for headers, key and the record batch framing.
-HEADER_ALLOWANCE = 16 * 1024
+# The topics accept 2 x max_message_bytes + 64 KiB (rankstream.services.stack.topic_specs),
+# so anything the consumer read fits again with our headers, bar this allowance.
+TOPIC_SLACK = 64 * 1024
+HEADER_ALLOWANCE = 4 * 1024
 
 
 @dataclass(frozen=True)
@@ -57,14 +59,15 @@ class DeadLetterSender:
         self.topic = settings.dlq_topic
         self.source_topic = settings.topic
         # An oversized event (the reason it is here) must still fit a DLQ message.
-        self.max_value_bytes = 2 * settings.max_message_bytes
+        max_request = 2 * settings.max_message_bytes + TOPIC_SLACK
+        self.max_value_bytes = max_request - HEADER_ALLOWANCE
         with kafka_errors("connecting the dead-letter producer"):
             self._producer = KafkaProducer(
                 client_id="rankstream-consumer-dlq",
                 acks="all",
                 retries=5,
                 linger_ms=5,
-                max_request_size=self.max_value_bytes + HEADER_ALLOWANCE,
+                max_request_size=max_request,
                 **kafka_options(settings),
             )
 

@@ -74,6 +74,45 @@ return {
 """
 
 
+# ARGV: the page:id key, the page:url key, ids (int32 LE), URLs joined by "\n" (canonical
+# URLs never contain control characters). HSETs both maps in chunks.
+NEW_PAGES_SCRIPT = r"""
+local id_key, url_key, ids, urls = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local by_url, by_id = {}, {}
+local pos = 1
+for i = 1, #ids / 4 do
+  local id = struct.unpack('<i4', ids, 4 * i - 3)
+  local stop = string.find(urls, '\n', pos, true)
+  local url
+  if stop then
+    url = string.sub(urls, pos, stop - 1)
+    pos = stop + 1
+  else
+    url = string.sub(urls, pos)
+  end
+  by_url[#by_url + 1] = url
+  by_url[#by_url + 1] = id
+  by_id[#by_id + 1] = id
+  by_id[#by_id + 1] = url
+  if #by_url >= 2000 then
+    redis.call('HSET', id_key, unpack(by_url))
+    redis.call('HSET', url_key, unpack(by_id))
+    by_url, by_id = {}, {}
+  end
+end
+if #by_url > 0 then
+  redis.call('HSET', id_key, unpack(by_url))
+  redis.call('HSET', url_key, unpack(by_id))
+end
+return #ids / 4
+"""
+
+
+def joinable(urls: Sequence[str]) -> bool:
+    """True when ``urls`` can travel joined by newlines (no URL contains one)."""
+    return not any("\n" in url for url in urls)
+
+
 @dataclass
 class GraphCounters:
     """The ``P graph`` hash: absolute values, kept in memory and written per batch."""
@@ -254,12 +293,24 @@ def adjacency_script_args(keys: Keys, write: GraphWrite) -> list[bytes | str]:
     return args
 
 
-def bookkeeping_commands(keys: Keys, write: GraphWrite) -> list[Command]:
+def new_pages_commands(keys: Keys, new_pages: Sequence[tuple[int, str]], *,
+                       bulk: bool) -> list[Command]:
+    """HSETs of both id maps; with ``bulk`` one EVAL of :data:`NEW_PAGES_SCRIPT`."""
+    if not new_pages:
+        return []
+    urls = [url for _, url in new_pages]
+    if bulk and joinable(urls):
+        ids = np.fromiter((pid for pid, _ in new_pages), dtype="<i4", count=len(new_pages))
+        return [("EVAL", NEW_PAGES_SCRIPT, 0, keys.page_id, keys.page_url, ids.tobytes(),
+                 "\n".join(urls))]
+    return [*_hset_commands(keys.page_id, {url: pid for pid, url in new_pages}),
+            *_hset_commands(keys.page_url, dict(new_pages))]
+
+
+def bookkeeping_commands(keys: Keys, write: GraphWrite, *, bulk: bool = False
+                         ) -> list[Command]:
     """Everything but the adjacency: id maps, removal marks, ts, titles, counters, offsets."""
-    cmds: list[Command] = []
-    if write.new_pages:
-        cmds.extend(_hset_commands(keys.page_id, {url: pid for pid, url in write.new_pages}))
-        cmds.extend(_hset_commands(keys.page_url, dict(write.new_pages)))
+    cmds: list[Command] = new_pages_commands(keys, write.new_pages, bulk=bulk)
     if write.revived_ids:
         cmds.extend(("SREM", keys.page_removed, *c)
                     for c in _chunks(list(write.revived_ids), MEMBER_CHUNK))
@@ -316,7 +367,7 @@ def commit_graph(client: redis.Redis, keys: Keys, write: GraphWrite, *,
                 count += 1
         if write.titles or write.anchors:
             count += index_text(pipe, keys.prefix, write.titles, write.anchors)
-        for cmd in bookkeeping_commands(keys, write):
+        for cmd in bookkeeping_commands(keys, write, bulk=bulk):
             pipe.execute_command(*cmd)
             count += 1
         replies = pipe.execute(raise_on_error=False)

@@ -10,21 +10,12 @@ consumer keeps (docs/redis-keys.md; our own keys in docs/hits.md):
    and up to ``max_in`` pages linking to each root page (``P in:{id}``), chosen by
    highest PageRank, ties by URL.
 3. **Subgraph.** The links between base-set pages; same-host ("intrinsic") links
-   dropped unless asked to keep them; optional host weighting (below).
+   dropped unless asked to keep them; optional host weighting.
 4. :func:`ranker.hits` from all-ones vectors, L2 (Kleinberg) or sum (networkx).
 
-Every step reads Redis in pipelined round trips (about seven per query, whatever
-the base-set size), never one command per page.
-
-Host weighting (Bharat & Henzinger 1998): if ``k`` pages of one host link to the
-same page, each of those links gets authority weight ``1/k``; if one page links
-to ``l`` pages of one host, each of those links gets hub weight ``1/l``. B&H use
-the two weights in the two half-steps; we give the solver one matrix whose entry
-is their product ``1/(k*l)``. That keeps ``A^T A`` symmetric positive
-semi-definite, so the power iteration converges as plain HITS does, and a block
-of ``k`` pages of one host all linking to ``l`` pages of another contributes
-singular value ``sqrt(k*l)/(k*l) <= 1`` instead of ``sqrt(k*l)``: a host can no
-longer out-vote independent hosts by sheer page count.
+Every step reads Redis in pipelined round trips (about eight per query, whatever
+the base-set size), never one command per page; :mod:`consumer.hits_base` builds
+the base set and the subgraph (and documents the host weighting).
 
 Answers are cached in Redis (``P hits:cache:{digest}``, a JSON string with a TTL)
 keyed by the query's normal form, the options, ``P graph`` ``version`` and
@@ -45,8 +36,8 @@ from typing import Any, Literal
 
 import numpy as np
 import redis.exceptions
-import scipy.sparse as sp
 
+from consumer.hits_base import BaseSubgraph, base_subgraph, url_host
 from consumer.text_index import match, query_terms
 from producer.urls import UrlError, canonicalize_url
 from ranker.hits import hits
@@ -55,7 +46,6 @@ from rankstream.errors import InputError, ServiceError, ServiceUnavailable
 __all__ = [
     "DEFAULT_CACHE_TTL",
     "MAX_IN",
-    "MAX_IN_CANDIDATES",
     "MAX_K",
     "MAX_QUERY_CHARS",
     "MAX_ROOT_SIZE",
@@ -78,10 +68,8 @@ MAX_IN = 500
 MAX_K = 1000
 MAX_ITER = 10_000
 DEFAULT_CACHE_TTL = 300
-# A root page with a huge in-link set (a site's home page) would otherwise cost a
-# URL and a score lookup per in-linker; beyond this many, only the lowest ids (the
-# pages seen first) compete for the max_in places. Deterministic, and bounded.
-MAX_IN_CANDIDATES = 10_000
+# Bumped whenever HitsAnswer's JSON changes, so old cache entries are never read.
+_CACHE_FORMAT = 1
 _SCORE_ALGORITHM = "pagerank"
 
 
@@ -96,9 +84,10 @@ class HitsQuery:
         root_size: root-set cap (Kleinberg: 200).
         max_in: in-linking pages added per root page (Kleinberg's t = 50).
         drop_intrinsic: drop links between pages of the same host (Kleinberg).
-        host_weighting: Bharat & Henzinger weights (see the module docstring).
+        host_weighting: Bharat & Henzinger weights (:func:`consumer.hits_base.host_weights`).
         normalize: ``"l2"`` (Kleinberg) or ``"sum"`` (networkx).
-        tol, max_iter: passed to :func:`ranker.hits`.
+        tol, max_iter: passed to :func:`ranker.hits` (tol bounds the L1 change of hubs
+            plus authorities in one step; default 1e-8).
     """
 
     text: str | None = None
@@ -109,7 +98,7 @@ class HitsQuery:
     drop_intrinsic: bool = True
     host_weighting: bool = False
     normalize: Normalization = "l2"
-    tol: float = 1e-10
+    tol: float = 1e-8
     max_iter: int = 1000
 
     def __post_init__(self) -> None:
@@ -187,40 +176,6 @@ class HitsAnswer:
         return cls(**data)
 
 
-@dataclass
-class BaseSubgraph:
-    """The base set and its weighted links, in URL order (ties in scores break by URL).
-
-    ``adjacency[i, j]`` is the weight of link ``urls[i] -> urls[j]`` (row = source)
-    after the intrinsic-link and host-weighting options.
-    """
-
-    page_ids: np.ndarray
-    urls: list[str]
-    is_root: np.ndarray
-    adjacency: sp.csr_array
-    links_in_base: int
-    intrinsic_dropped: int
-    unknown_seeds: list[str]
-
-
-def url_host(url: str) -> str:
-    """Host of a canonical URL, without userinfo and port ("" when it has none)."""
-    scheme_sep = url.find("://")
-    if scheme_sep < 0:
-        return ""
-    rest = url[scheme_sep + 3 :]
-    end = len(rest)
-    for delimiter in "/?":
-        index = rest.find(delimiter)
-        if 0 <= index < end:
-            end = index
-    hostport = rest[:end].rpartition("@")[2]
-    if hostport.startswith("["):
-        return hostport[: hostport.find("]") + 1]
-    return hostport.partition(":")[0]
-
-
 def run_hits(
     redis: Any,
     prefix: str,
@@ -241,8 +196,7 @@ def run_hits(
     with _redis_errors():
         versions = _versions(redis, prefix)
         key = _cache_key(prefix, normal, versions)
-        if use_cache and (raw := redis.get(key)) is not None:
-            cached = HitsAnswer.from_dict(json.loads(raw))
+        if use_cache and (cached := _cached_answer(redis.get(key))) is not None:
             total = (time.perf_counter() - started) * 1000.0
             return replace(cached, cached=True, timing_ms={"total": total})
         timing: dict[str, float] = {}
@@ -276,23 +230,35 @@ def run_hits(
 def collect_subgraph(
     redis: Any, prefix: str, query: HitsQuery, *, timing: dict[str, float] | None = None
 ) -> BaseSubgraph:
-    """Root set -> base set -> weighted base subgraph, read from Redis in pipelines."""
+    """Root set -> base set -> weighted base subgraph, read from Redis in pipelines.
+
+    ``timing`` (if given) receives ``root`` and ``base`` (base set and subgraph) in ms.
+    """
     timing = {} if timing is None else timing
     started = time.perf_counter()
     with _redis_errors():
         roots, urls, unknown = _root_set(redis, prefix, query)
         timing["root"] = (time.perf_counter() - started) * 1000.0
         started = time.perf_counter()
-        base_ids, out_sets = _base_set(redis, prefix, roots, urls, query.max_in)
+        try:
+            subgraph = base_subgraph(
+                redis, prefix, roots, urls, max_in=query.max_in,
+                drop_intrinsic=query.drop_intrinsic, host_weighting=query.host_weighting,
+            )
+        except ValueError as exc:
+            raise ServiceError(f"unexpected data under prefix {prefix!r}: {exc}") from exc
         timing["base"] = (time.perf_counter() - started) * 1000.0
-    started = time.perf_counter()
-    subgraph = _subgraph(base_ids, out_sets, urls, set(roots), query)
     subgraph.unknown_seeds = unknown
-    timing["subgraph"] = (time.perf_counter() - started) * 1000.0
     return subgraph
 
 
-# --- root and base set ------------------------------------------------------------
+def _top(urls: list[str], scores: np.ndarray, k: int) -> list[ScoredPage]:
+    # Stable sort on URL-ordered entries: equal scores come out in URL order.
+    order = np.argsort(-scores, kind="stable")[:k]
+    return [ScoredPage(urls[i], float(scores[i])) for i in order if scores[i] > 0.0]
+
+
+# --- root set ------------------------------------------------------------------------
 
 
 def _root_set(
@@ -316,148 +282,6 @@ def _root_set(
     return roots, urls, unknown
 
 
-def _base_set(
-    redis: Any, prefix: str, roots: list[int], urls: dict[int, str], max_in: int
-) -> tuple[list[int], dict[int, np.ndarray]]:
-    """Base-set ids and the out-link arrays of all of them; fills ``urls`` in place."""
-    pipe = redis.pipeline(transaction=False)
-    for root in roots:
-        pipe.smembers(f"{prefix}out:{root}")
-        pipe.smembers(f"{prefix}in:{root}")
-    replies = pipe.execute()
-    out_sets = {root: _ids(replies[2 * i]) for i, root in enumerate(roots)}
-    in_sets = {root: _ids(replies[2 * i + 1]) for i, root in enumerate(roots)}
-
-    base: set[int] = set(roots)
-    for links in out_sets.values():
-        base.update(links.tolist())
-    contested: dict[int, np.ndarray] = {}
-    for root, linkers in in_sets.items():
-        if linkers.size <= max_in:
-            base.update(linkers.tolist())
-        else:
-            contested[root] = np.sort(linkers)[:MAX_IN_CANDIDATES]
-    candidates = set(base)
-    for linkers in contested.values():
-        candidates.update(linkers.tolist())
-    _fetch_urls(redis, prefix, candidates, urls)
-    if contested:
-        base.update(_best_linkers(redis, prefix, contested, urls, max_in))
-    # Ids without a URL (not expected; a reader racing a page removal) are left out.
-    base_ids = sorted(page for page in base if page in urls)
-
-    pipe = redis.pipeline(transaction=False)
-    missing = [page for page in base_ids if page not in out_sets]
-    for page in missing:
-        pipe.smembers(f"{prefix}out:{page}")
-    for page, reply in zip(missing, pipe.execute(), strict=True):
-        out_sets[page] = _ids(reply)
-    return base_ids, out_sets
-
-
-def _fetch_urls(redis: Any, prefix: str, ids: set[int], urls: dict[int, str]) -> None:
-    wanted = [page for page in ids if page not in urls]
-    if not wanted:
-        return
-    for page, raw in zip(wanted, redis.hmget(f"{prefix}page:url", wanted), strict=True):
-        if raw is not None:
-            urls[page] = _text(raw)
-
-
-def _best_linkers(
-    redis: Any, prefix: str, contested: dict[int, np.ndarray], urls: dict[int, str], max_in: int
-) -> set[int]:
-    """Per root, the ``max_in`` in-linkers with the highest PageRank (ties: URL)."""
-    pool = sorted({page for linkers in contested.values() for page in linkers.tolist()})
-    pool = [page for page in pool if page in urls]
-    raw = redis.zmscore(f"{prefix}scores:{_SCORE_ALGORITHM}", [urls[p] for p in pool])
-    score = {page: float(s) if s is not None else 0.0 for page, s in zip(pool, raw, strict=True)}
-    chosen: set[int] = set()
-    for linkers in contested.values():
-        ranked = sorted(
-            (page for page in linkers.tolist() if page in score),
-            key=lambda page: (-score[page], urls[page]),
-        )
-        chosen.update(ranked[:max_in])
-    return chosen
-
-
-def _text(raw: bytes | str) -> str:
-    # Works with clients made with or without decode_responses=True.
-    return raw if isinstance(raw, str) else raw.decode()
-
-
-def _ids(members: set[bytes] | list[bytes]) -> np.ndarray:
-    if not members:
-        return np.zeros(0, dtype=np.int64)
-    return np.array(list(members)).astype(np.int64)
-
-
-# --- subgraph, weights, answer ----------------------------------------------------
-
-
-def _subgraph(
-    base_ids: list[int],
-    out_sets: dict[int, np.ndarray],
-    urls: dict[int, str],
-    roots: set[int],
-    query: HitsQuery,
-) -> BaseSubgraph:
-    order = sorted(range(len(base_ids)), key=lambda i: urls[base_ids[i]])
-    page_ids = np.array([base_ids[i] for i in order], dtype=np.int64)
-    ordered_urls = [urls[int(p)] for p in page_ids]
-    n = len(page_ids)
-    sort_ids = np.argsort(page_ids)
-    sorted_ids = page_ids[sort_ids]
-
-    lengths = np.array([out_sets[int(p)].size for p in page_ids], dtype=np.int64)
-    dst_ids = np.concatenate([out_sets[int(p)] for p in page_ids] or [np.zeros(0, np.int64)])
-    src = np.repeat(np.arange(n, dtype=np.int64), lengths)
-    # Map link targets to base positions; targets outside the base set are dropped.
-    pos = np.minimum(np.searchsorted(sorted_ids, dst_ids), max(n - 1, 0))
-    inside = sorted_ids[pos] == dst_ids if n else np.zeros(0, dtype=bool)
-    src, dst = src[inside], sort_ids[pos[inside]]
-    keep = src != dst
-    src, dst = src[keep], dst[keep]
-    links_in_base = int(src.size)
-
-    intrinsic_dropped = 0
-    weights = np.ones(src.size)
-    if query.drop_intrinsic or query.host_weighting:
-        _, host = np.unique([url_host(u) for u in ordered_urls], return_inverse=True)
-        host = host.astype(np.int64).reshape(-1)
-        if query.drop_intrinsic:
-            extrinsic = host[src] != host[dst]
-            intrinsic_dropped = int(src.size - extrinsic.sum())
-            src, dst = src[extrinsic], dst[extrinsic]
-            weights = weights[extrinsic]
-        if query.host_weighting:
-            weights = _host_weights(src, dst, host, n)
-    adjacency = sp.csr_array((weights, (src, dst)), shape=(n, n))
-    is_root = np.isin(page_ids, np.fromiter(roots, dtype=np.int64, count=len(roots)))
-    return BaseSubgraph(
-        page_ids, ordered_urls, is_root, adjacency, links_in_base, intrinsic_dropped, []
-    )
-
-
-def _host_weights(src: np.ndarray, dst: np.ndarray, host: np.ndarray, n: int) -> np.ndarray:
-    """``1/(k*l)``: k = pages of src's host linking to dst, l = pages of dst's host src links to."""
-    hosts = int(host.max()) + 1 if host.size else 1
-    _, auth_group, auth_k = np.unique(
-        host[src] * n + dst, return_inverse=True, return_counts=True
-    )
-    _, hub_group, hub_l = np.unique(
-        src * hosts + host[dst], return_inverse=True, return_counts=True
-    )
-    return 1.0 / (auth_k[auth_group.reshape(-1)] * hub_l[hub_group.reshape(-1)]).astype(float)
-
-
-def _top(urls: list[str], scores: np.ndarray, k: int) -> list[ScoredPage]:
-    # Stable sort on URL-ordered entries: equal scores come out in URL order.
-    order = np.argsort(-scores, kind="stable")[:k]
-    return [ScoredPage(urls[i], float(scores[i])) for i in order if scores[i] > 0.0]
-
-
 # --- cache and versions -------------------------------------------------------------
 
 
@@ -476,8 +300,19 @@ def _as_int(raw: bytes | None) -> int:
         return 0
 
 
+def _cached_answer(raw: bytes | str | None) -> HitsAnswer | None:
+    if raw is None:
+        return None
+    try:
+        return HitsAnswer.from_dict(json.loads(raw))
+    except (ValueError, TypeError, KeyError):
+        return None  # written by another version of rankstream: recompute
+
+
 def _cache_key(prefix: str, normal: dict[str, Any], versions: tuple[int, int]) -> str:
-    payload = json.dumps({"query": normal, "versions": versions}, sort_keys=True)
+    payload = json.dumps(
+        {"format": _CACHE_FORMAT, "query": normal, "versions": versions}, sort_keys=True
+    )
     return f"{prefix}hits:cache:{hashlib.sha256(payload.encode()).hexdigest()[:32]}"
 
 

@@ -14,12 +14,17 @@ named, never work for the server. Errors map to status codes as follows:
 503    Redis is unreachable
 =====  =============================================================
 
-The endpoints are thin: HITS is :func:`consumer.hits_query.run_hits`; the readers
-for ``/top``, ``/score`` and ``/status`` read the public key layout directly.
+The endpoints are thin: HITS is :func:`consumer.hits_query.run_hits`; ``/top``,
+``/score`` and ``/status`` are :mod:`consumer.readers` (what ``rankstream top``,
+``score`` and ``status`` print). Non-finite numbers (an unpublished bound is
+infinite) are sent as ``null``: JSON has no infinity.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any, Literal
 
 import uvicorn
@@ -27,6 +32,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, StringConstraints
 
+from consumer import readers
 from consumer.hits_query import (
     DEFAULT_CACHE_TTL,
     MAX_IN,
@@ -38,9 +44,7 @@ from consumer.hits_query import (
     HitsQuery,
     run_hits,
 )
-from consumer.keys import ALGORITHMS, Keys
-from consumer.redis_store import redis_errors
-from producer.urls import UrlError, canonicalize_url
+from producer.urls import canonicalize_url
 from rankstream.errors import (
     ConvergenceError,
     InputError,
@@ -58,6 +62,7 @@ __all__ = ["MAX_REQUEST_LINE_BYTES", "MAX_URL_CHARS", "create_app", "server_conf
 MAX_URL_CHARS = 4096
 MAX_REQUEST_LINE_BYTES = 4 * 1024 * 1024
 Algorithm = Literal["pagerank", "wpr"]
+Scale = Literal["paper", "probability"]
 Url = Annotated[str, StringConstraints(min_length=1, max_length=MAX_URL_CHARS)]
 
 
@@ -84,22 +89,47 @@ class HitsResponse(BaseModel):
     timing_ms: dict[str, float]
 
 
+class MetaModel(BaseModel):
+    """One algorithm's published-scores meta (see docs/redis-keys.md); unknown = null."""
+
+    algorithm: str
+    published: bool
+    total: float | None
+    bound: float | None
+    tolerance: float | None
+    fresh: bool
+    version: int
+    refreshed_at: str
+    offsets: dict[str, int]
+    damping: float | None
+    scale: str
+    pages: int
+
+
 class TopResponse(BaseModel):
     algorithm: str
+    scale: str
     entries: list[ScoredPageModel]
-    meta: dict[str, str]
+    meta: MetaModel
 
 
 class ScoreResponse(BaseModel):
     url: str
     algorithm: str
+    scale: str
     score: float
 
 
 class StatusResponse(BaseModel):
-    graph: dict[str, str]
-    meta: dict[str, dict[str, str]]
-    consumer: dict[str, str]
+    """What ``rankstream status`` shows: consumer health, graph counters, score meta."""
+
+    prefix: str
+    consumer: dict[str, Any]
+    running: bool
+    lock: Any
+    graph: dict[str, int]
+    offsets: dict[str, int]
+    algorithms: dict[str, MetaModel]
 
 
 class ErrorResponse(BaseModel):
@@ -113,7 +143,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 def create_app(redis: Any, prefix: str, *, cache_ttl: int = DEFAULT_CACHE_TTL) -> FastAPI:
     """The API over the graph and scores under ``prefix``, read through client ``redis``."""
-    keys = Keys(prefix)
     app = FastAPI(
         title="rankstream",
         summary="Live PageRank / Weighted PageRank scores and on-demand HITS",
@@ -149,51 +178,37 @@ def create_app(redis: Any, prefix: str, *, cache_ttl: int = DEFAULT_CACHE_TTL) -
     def get_top(
         algorithm: Annotated[Algorithm, Query()] = "pagerank",
         k: Annotated[int, Query(ge=1, le=MAX_K)] = 10,
+        scale: Annotated[Scale, Query(description="paper y, or y / sum(y)")] = "paper",
     ) -> dict[str, Any]:
-        """The k best pages of a live ranking (paper-scale y) and its meta hash."""
-        with redis_errors("reading the top pages"):
-            pipe = redis.pipeline(transaction=False)
-            pipe.zrevrange(keys.scores(algorithm), 0, k - 1, withscores=True)
-            pipe.hgetall(keys.meta(algorithm))
-            entries, meta = pipe.execute()
-        return {
-            "algorithm": algorithm,
-            "entries": [{"url": _text(url), "score": score} for url, score in entries],
-            "meta": _text_map(meta),
-        }
+        """The k best pages of a live ranking and its meta (freshness, bound)."""
+        with _data_errors():
+            entries = readers.top(redis, prefix, algorithm, k, scale)
+            meta = readers.meta(redis, prefix, algorithm).as_dict()
+        return _finite({
+            "algorithm": algorithm, "scale": scale, "meta": meta,
+            "entries": [{"url": url, "score": value} for url, value in entries],
+        })
 
     @app.get("/score", response_model=ScoreResponse,
              responses={**_ERRORS, 404: {"model": ErrorResponse}})
     def get_score(
         url: Annotated[Url, Query(description="page URL (canonicalised before lookup)")],
         algorithm: Annotated[Algorithm, Query()] = "pagerank",
+        scale: Annotated[Scale, Query(description="paper y, or y / sum(y)")] = "paper",
     ) -> Any:
         """One page's live score."""
-        try:
-            canonical = canonicalize_url(url)
-        except UrlError as exc:
-            raise InputError(f"bad URL: {exc}", where="url") from exc
-        with redis_errors("reading a score"):
-            score = redis.zscore(keys.scores(algorithm), canonical)
-        if score is None:
+        with _data_errors():
+            value = readers.score(redis, prefix, url, algorithm, scale)
+        if value is None:
             return JSONResponse({"detail": "no score for this URL"}, status_code=404)
-        return {"url": canonical, "algorithm": algorithm, "score": score}
+        canonical = canonicalize_url(url)  # readers.score accepted it, so it is valid
+        return {"url": canonical, "algorithm": algorithm, "scale": scale, "score": value}
 
     @app.get("/status", response_model=StatusResponse, responses=_ERRORS)
     def get_status() -> dict[str, Any]:
-        """Graph counters, each algorithm's meta (freshness, bound) and consumer health."""
-        with redis_errors("reading the status"):
-            pipe = redis.pipeline(transaction=False)
-            pipe.hgetall(keys.graph)
-            for algorithm in ALGORITHMS:
-                pipe.hgetall(keys.meta(algorithm))
-            pipe.hgetall(keys.status)
-            graph, *metas, consumer = pipe.execute()
-        return {
-            "graph": _text_map(graph),
-            "meta": {a: _text_map(m) for a, m in zip(ALGORITHMS, metas, strict=True)},
-            "consumer": _text_map(consumer),
-        }
+        """Consumer health, graph counters and each algorithm's meta."""
+        with _data_errors():
+            return _finite(readers.status(redis, prefix))
 
     return app
 
@@ -228,9 +243,22 @@ def _add_error_handlers(app: FastAPI) -> None:
         app.add_exception_handler(error_type, handler)
 
 
-def _text(raw: bytes | str) -> str:
-    return raw if isinstance(raw, str) else raw.decode()
+@contextmanager
+def _data_errors() -> Iterator[None]:
+    # The readers parse Redis hashes; a malformed value is a server-side data
+    # problem (502 with the reason), not a crash of the API.
+    try:
+        yield
+    except ValueError as exc:
+        raise ServiceError(f"unexpected data in Redis: {exc}") from exc
 
 
-def _text_map(raw: dict[Any, Any]) -> dict[str, str]:
-    return {_text(k): _text(v) for k, v in raw.items()}
+def _finite(value: Any) -> Any:
+    """JSON has no inf/nan (an unpublished bound is inf): they become null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value

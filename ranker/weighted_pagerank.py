@@ -94,7 +94,7 @@ def weighted_pagerank(
         damping: ``d`` in (0, 1).
         tol: certified L1 bound ``||y_exact - y||_1`` to reach (absolute, paper scale).
         max_iter: sweep cap; :class:`ConvergenceError` after it or on a stall.
-        start: warm start (previous ``y``), length n; default ``1 - d`` on live pages.
+        start: warm start (previous ``y``), length n; default 1 on live pages.
         alive: optional bool mask; dead ids lose every link (so in- and out-degrees
             and therefore the weights are those of the live graph), ``b = 0``, score 0.
 

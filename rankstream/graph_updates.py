@@ -68,18 +68,22 @@ class AppliedEvents:
 
 
 class _Overlay:
-    """Out-link sets of the touched pages, plus (once a removal needs it) a reverse index."""
+    """Out-links of the touched pages, each stamped with the event index that added it.
+
+    A removal of page ``x`` at event ``i`` just records ``removed_at[x] = i``: every
+    link into ``x`` stamped before ``i`` is dead from then on, wherever it lives. That
+    keeps ``page_removed`` O(1) (no reverse index, no scan of the overlay); the stamps
+    are checked once, in :meth:`final_links`. Links loaded from the graph get stamp -1.
+    """
 
     def __init__(self, graph: LinkGraph) -> None:
         self.graph = graph
         self.first_new_id = graph.num_ids
-        self.out: dict[int, set[int]] = {}
+        self.out: dict[int, dict[int, int]] = {}
         self.base: dict[int, set[int]] = {}  # graph.out_links at load time, for the diff
-        self.cleared: set[int] = set()  # removed at some point in this batch
+        self.removed_at: dict[int, int] = {}  # page -> event index of its last removal
         self.dead: set[int] = set()  # removed and not revived (so far)
-        # target -> overlay pages that may link to it; a superset, built on the first
-        # page_removed only, so batches without removals never pay for it.
-        self.reverse: dict[int, set[int]] | None = None
+        self._final: dict[int, set[int]] | None = None
 
     def _graph_out(self, page: int) -> set[int]:
         known = self.base.get(page)
@@ -89,50 +93,47 @@ class _Overlay:
             self.base[page] = known
         return known
 
-    def load(self, page: int) -> set[int]:
+    def _load(self, page: int) -> dict[int, int]:
         links = self.out.get(page)
         if links is None:
-            # Links into pages removed earlier in this batch are gone already.
-            links = self._graph_out(page) - self.cleared
-            self.out[page] = links
-            self._index(page, links)
+            links = self.out[page] = dict.fromkeys(self._graph_out(page), -1)
         return links
 
-    def replace(self, page: int, targets: list[int]) -> None:
-        links = set(targets)
-        self.out[page] = links
-        self._index(page, links)
+    def replace(self, page: int, targets: list[int], when: int) -> None:
+        self.out[page] = dict.fromkeys(targets, when)
         if self.dead:
             self.dead.discard(page)
-            self.dead.difference_update(links)
+            self.dead.difference_update(targets)
 
-    def add(self, src: int, dst: int) -> None:
-        self.load(src).add(dst)
-        if self.reverse is not None:
-            self.reverse.setdefault(dst, set()).add(src)
+    def add(self, src: int, dst: int, when: int) -> None:
+        self._load(src)[dst] = when
         if self.dead:
             self.dead.discard(src)
             self.dead.discard(dst)
 
     def discard(self, src: int, dst: int) -> None:
-        self.load(src).discard(dst)
+        self._load(src).pop(dst, None)
 
-    def remove_page(self, page: int) -> None:
-        if self.reverse is None:
-            self.reverse = {}
-            for source, links in self.out.items():
-                self._index(source, links)
-        self.out[page] = set()
-        for source in self.reverse.get(page, ()):
-            self.out[source].discard(page)
-        self.cleared.add(page)
+    def remove_page(self, page: int, when: int) -> None:
+        self.out[page] = {}
+        self.removed_at[page] = when
         self.dead.add(page)
 
-    def _index(self, page: int, links: set[int]) -> None:
-        reverse = self.reverse
-        if reverse is not None:
-            for target in links:
-                reverse.setdefault(target, set()).add(page)
+    def final_links(self) -> dict[int, set[int]]:
+        """Each touched page's out-links at the end of the batch."""
+        if self._final is None:
+            removed_at = self.removed_at
+            removed = removed_at.keys()
+            final: dict[int, set[int]] = {}
+            for page, links in self.out.items():
+                current = set(links)
+                if removed_at:
+                    for target in links.keys() & removed:
+                        if links[target] < removed_at[target]:
+                            current.discard(target)
+                final[page] = current
+            self._final = final
+        return self._final
 
     def diff(self) -> EdgeBatch:
         """Net insertions and deletions of the overlay against the graph."""
@@ -140,7 +141,8 @@ class _Overlay:
         ins_dst: list[int] = []
         del_src: list[int] = []
         del_dst: list[int] = []
-        for page, links in self.out.items():
+        final = self.final_links()
+        for page, links in final.items():
             old = self._graph_out(page)
             added = links - old
             if added:
@@ -151,11 +153,12 @@ class _Overlay:
                 del_src.extend([page] * len(gone))
                 del_dst.extend(gone)
         # A page removed and revived in this batch lost its old in-links too; those
-        # from pages outside the overlay are not covered by the diff above.
-        for page in self.cleared - self.dead:
+        # from pages outside the overlay are not covered by the diff above (inside a
+        # removed page's removal covers them).
+        for page in self.removed_at.keys() - self.dead:
             if page < self.first_new_id:
                 for source in self.graph.in_links(page).tolist():
-                    if source not in self.out:
+                    if source not in final:
                         del_src.append(source)
                         del_dst.append(page)
         return EdgeBatch(
@@ -206,7 +209,7 @@ class EventApplier:
                 last = self.last_ts_of(page)
             return last is not None and ts < last
 
-        for event in events:
+        for when, event in enumerate(events):
             if isinstance(event, PageEvent):
                 if event.ts is not None:
                     known = graph.id_of(event.url)
@@ -215,7 +218,7 @@ class EventApplier:
                         continue
                 page = intern(event.url)
                 targets = [intern(url) for url in event.links]
-                overlay.replace(page, targets)
+                overlay.replace(page, targets, when)
                 if event.ts is not None:
                     ts_updates[page] = event.ts
                 if event.title is not None:
@@ -227,7 +230,7 @@ class EventApplier:
                     page_anchors.pop(page, None)
             elif isinstance(event, LinkAddedEvent):
                 if event.src != event.dst:
-                    overlay.add(intern(event.src), intern(event.dst))
+                    overlay.add(intern(event.src), intern(event.dst), when)
             elif isinstance(event, LinkRemovedEvent):
                 src, dst = graph.id_of(event.src), graph.id_of(event.dst)
                 if src is not None and dst is not None and src != dst:
@@ -241,18 +244,19 @@ class EventApplier:
                         stale += 1
                         continue
                     ts_updates[page_or_none] = event.ts
-                overlay.remove_page(page_or_none)
+                overlay.remove_page(page_or_none, when)
                 titles.pop(page_or_none, None)
                 page_anchors.pop(page_or_none, None)
             else:  # pragma: no cover - the schema admits no other type
                 raise TypeError(f"not an event: {event!r}")
 
         batch = overlay.diff()
+        final = overlay.final_links()
         anchors = [
             (page, target, text)
             for page, pairs in page_anchors.items()
             for target, text in pairs
-            if target in overlay.out[page]
+            if target in final[page]
         ]
         self._record(ts_updates)
         first_new = overlay.first_new_id

@@ -141,7 +141,7 @@ def test_top_and_score_round_trip_odd_urls(http: httpx.Client) -> None:
     entries = top.json()["entries"]
     assert [e["score"] for e in entries] == sorted((e["score"] for e in entries), reverse=True)
     assert set(ODD_URLS) <= {e["url"] for e in entries}
-    assert top.json()["meta"]["total"] == "12.5"
+    assert top.json()["meta"]["total"] == 12.5 and top.json()["meta"]["published"]
     for url in ODD_URLS:
         response = http.get("/score", params={"url": url})
         assert response.status_code == 200, (url, response.text)
@@ -152,11 +152,16 @@ def test_top_and_score_round_trip_odd_urls(http: httpx.Client) -> None:
     assert http.get("/score", params={"url": "https://a.org/", "algorithm": "x"}).status_code == 422
 
 
-def test_status(http: httpx.Client) -> None:
+def test_status_and_an_unpublished_ranking(http: httpx.Client) -> None:
     body = http.get("/status").json()
-    assert body["graph"]["version"].isdigit()
-    assert body["meta"]["pagerank"]["bound"] == "1e-07"
+    assert body["graph"]["version"] >= 1
+    assert body["algorithms"]["pagerank"]["bound"] == 1e-7
     assert body["consumer"] == {"state": "running"}
+    # wpr was never published: its bound is infinite, which JSON spells null.
+    assert body["algorithms"]["wpr"]["published"] is False
+    assert body["algorithms"]["wpr"]["bound"] is None
+    wpr = http.get("/top", params={"algorithm": "wpr"}).json()
+    assert wpr["entries"] == [] and wpr["meta"]["bound"] is None
 
 
 # The schema does not depend on Redis, so it is loaded at import from the app's own

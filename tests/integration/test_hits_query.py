@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import redis as redis_py
 
-from consumer import hits_query
+from consumer import hits_base
+from consumer.hits_base import url_hosts
 from consumer.hits_query import HitsQuery, collect_subgraph, run_hits, url_host
 from consumer.text_index import index_text
 from producer.urls import canonicalize_url
@@ -160,7 +161,7 @@ def test_base_set_is_deterministic_across_insertion_orders(
 
 def test_in_candidate_cap_keeps_lowest_ids(graph: HandGraph, monkeypatch: Any) -> None:
     _star(graph)
-    monkeypatch.setattr(hits_query, "MAX_IN_CANDIDATES", 3)
+    monkeypatch.setattr(hits_base, "MAX_IN_CANDIDATES", 3)
     urls = base_urls(graph, HitsQuery(seeds=("https://r.org/",), max_in=2))
     # i0..i2 got the lowest ids; of those, i2 (9) and i0 (5) score best.
     assert {u for u in urls if u.startswith("https://i")} == {"https://i2.org/", "https://i0.org/"}
@@ -175,6 +176,17 @@ def test_unknown_and_duplicate_seeds(graph: HandGraph) -> None:
     assert answer.unknown_seeds == ["https://nowhere.org/"]
     with pytest.raises(InputError, match="seed"):
         HitsQuery(seeds=("not a url",)).normal_form()
+
+
+def test_hosts_of_odd_urls() -> None:
+    urls = {
+        "https://a.org/x": "a.org", "https://a.org:8443/?q": "a.org",
+        "https://user:pw@b.org:81/p@q?r=s://t": "b.org", "http://[::1]:8080/x": "[::1]",
+        "https://bücher.example/straße": "bücher.example", "file:///tmp/x": "",
+        "mailto:someone@example.org": "", "urn:isbn://123": "", "ftp://c.net": "c.net",
+    }
+    assert [url_host(u) for u in urls] == list(urls.values())
+    assert url_hosts(list(urls)) == list(urls.values())
 
 
 # --- text root set --------------------------------------------------------------------

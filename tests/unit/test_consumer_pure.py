@@ -38,11 +38,11 @@ def test_score_commands_add_live_and_remove_dead_pages():
     assert (written, removed) == (2, 2)
 
 
-def test_fresh_is_never_published_above_the_tolerance():
-    assert is_fresh(True, 1e-7, 1e-6)
-    assert not is_fresh(True, 2e-6, 1e-6)
-    assert not is_fresh(False, 0.0, 1e-6)
-    assert not is_fresh(True, float("nan"), 1e-6)
+def test_fresh_is_never_published_above_the_relative_tolerance():
+    assert is_fresh(True, 1e-4, 1e-6, total=1000.0)
+    assert not is_fresh(True, 2e-3, 1e-6, total=1000.0)
+    assert not is_fresh(False, 0.0, 1e-6, total=1000.0)
+    assert not is_fresh(True, float("nan"), 1e-6, total=1000.0)
 
 
 def test_meta_fields_keep_full_precision_and_offsets_json():
@@ -52,6 +52,7 @@ def test_meta_fields_keep_full_precision_and_offsets_json():
     assert float(fields["total"]) == 1234.5678901234567
     assert json.loads(fields["offsets"]) == {"t:0": 3, "t:1": 5}
     assert fields["fresh"] == "1" and fields["scale"] == "paper"
+    assert float(fields["relative_bound"]) == 1e-9 / 1234.5678901234567
 
 
 def test_dead_letter_headers_name_reason_and_origin():

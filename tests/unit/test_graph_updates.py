@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Sequence
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from producer.schema import (
@@ -124,6 +124,13 @@ def test_links_into_a_removed_page_stay_gone_when_source_is_touched_later() -> N
     graph, _, _ = run_batches([[page("s", "x", "y")], [gone("x"), added("s", "z"), page("x")]])
     assert links_of(graph) == {("s", "y"), ("s", "z")}
     assert "x" in live_of(graph)
+
+
+def test_second_removal_kills_links_added_between() -> None:
+    graph, _, _ = run_batches([[page("s", "x")],
+                               [gone("x"), added("t", "x"), gone("x"), page("x", "s")]])
+    assert links_of(graph) == {("x", "s")}
+    assert live_of(graph) == {"s", "t", "x"}
 
 
 def test_removed_page_in_removed_pages_unless_revived() -> None:
@@ -259,7 +266,7 @@ events_strategy = st.one_of(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events=st.lists(events_strategy, min_size=5, max_size=30),
        cuts=st.lists(st.integers(0, 30), max_size=4))
 def test_batches_equal_event_by_event_model(events: list[Event], cuts: list[int]) -> None:

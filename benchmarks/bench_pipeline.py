@@ -1,0 +1,311 @@
+"""Benchmark: the streaming pipeline end to end, Kafka -> consumer -> Redis graph + scores.
+
+    .venv/bin/python -m benchmarks.bench_pipeline [--events 100000] [--latency-seconds 20]
+    .venv/bin/python -m benchmarks.bench_pipeline --events 1000000      # the full run
+
+Everything runs on this machine: the broker, redis-server, the producer and the
+consumer. The stream is :func:`producer.synthetic.synthetic_event_dicts` with no
+edits: one ``page`` event per crawled page of a copying-model web graph, about 10
+links each. Phases, on a private topic and key prefix (deleted afterwards unless
+``--keep``):
+
+1. produce: the first ``--events`` events are published (pre-filled topic);
+2. throughput: an in-process consumer runs ``--until-caught-up`` from offset 0;
+   the clock runs from its first poll to its last publication, so the figure is
+   "link changes per second from Kafka to visible scores" (graph transaction,
+   incremental PageRank + WPR, score publication, all included);
+3. floors: the same adjacency is written again under a scratch prefix, in chunks
+   of one consumer batch, by (a) a bare redis-py pipeline of grouped SADDs and
+   (b) the consumer's bulk-script write path alone. (a) is the I/O floor the
+   target compares against;
+4. latency: a consumer subprocess restarts on the loaded graph (its restart time
+   is reported) while the producer publishes ``--latency-events`` more events at
+   a fixed rate (default: half of the measured throughput, capped at half the
+   100k target) stamping each with the wall clock. A watcher polls
+   ``P meta:pagerank`` every 10 ms; an event is visible when the published
+   offsets pass it. Latency = visible - stamped, p50/p99.
+
+Targets (issue 3): >= 100k link changes/s end to end on 2 cores; p99 <= 2 s at half
+that rate; end to end >= 0.5 x the bare redis-py floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis as redis_py
+
+from consumer.graph_write import GraphWrite, commit_graph, group_members
+from consumer.keys import Keys
+from consumer.redis_store import connect_redis, load_stored
+from consumer.service import ConsumeOptions, ConsumerService
+from producer.synthetic import synthetic_event_dicts
+from rankstream.services import up
+from rankstream.services.kafka import delete_topics, ensure_topics
+from rankstream.services.stack import kafka_client_options, topic_specs
+from rankstream.services.testing import delete_keys
+from rankstream.settings import Settings, load_settings
+
+TARGET_LINKS_PER_S = 100_000
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def encode_stream(count: int, seed: int) -> list[tuple[bytes, bytes, int]]:
+    """(key, JSON without ts, link count) per event; ts is stamped at send time."""
+    out = []
+    for event in synthetic_event_dicts(count, seed=seed, edit_fraction=0.0):
+        if event["type"] != "page":  # the generator edits once every page is crawled
+            continue
+        event.pop("ts", None)
+        body = json.dumps(event, separators=(",", ":")).encode()
+        out.append((event["url"].encode(), body, len(event["links"])))
+    return out
+
+
+def producer_for(settings: Settings) -> Any:
+    from kafka import KafkaProducer
+
+    return KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks=1, linger_ms=5,
+                         batch_size=512 * 1024, max_request_size=4 * 1024 * 1024,
+                         **kafka_client_options(settings))
+
+
+def with_ts(body: bytes, ts_ms: int) -> bytes:
+    return body[:-1] + b',"ts":' + str(ts_ms).encode() + b"}"
+
+
+def produce_all(settings: Settings, stream: Sequence[tuple[bytes, bytes, int]]) -> float:
+    producer = producer_for(settings)
+    started = time.perf_counter()
+    now = int(time.time() * 1000)
+    for key, body, _ in stream:
+        producer.send(settings.topic, with_ts(body, now), key=key)
+    producer.flush()
+    producer.close()
+    return time.perf_counter() - started
+
+
+@dataclass
+class Throughput:
+    seconds: float
+    events: int
+    link_changes: int
+    batches: int
+
+    @property
+    def links_per_s(self) -> float:
+        return self.link_changes / self.seconds
+
+
+def run_throughput(settings: Settings) -> Throughput:
+    service = ConsumerService(settings, ConsumeOptions(until_caught_up=True))
+    service.start()
+    started = time.perf_counter()
+    try:
+        while not service.stop_event.is_set():
+            service.step()
+            if service._caught_up():
+                break
+        service.drain()  # the last publication: scores visible
+    finally:
+        elapsed = time.perf_counter() - started
+        service.shutdown()
+    return Throughput(elapsed, service.stats.events, service.stats.link_changes,
+                      service.stats.batches)
+
+
+def floors(client: redis_py.Redis, settings: Settings, batch_links: int) -> tuple[float, float]:
+    """(bare redis-py pipeline, bulk-script write path) in links/s on the same adjacency."""
+    stored = load_stored(client, Keys(settings.key_prefix), settings.topic)
+    src, dst = stored.edge_src, stored.edge_dst
+    results = []
+    for mode in ("bare", "script"):
+        prefix = f"{settings.key_prefix}floor-{mode}:"
+        keys = Keys(prefix)
+        started = time.perf_counter()
+        for begin in range(0, src.size, batch_links):
+            s, d = src[begin:begin + batch_links], dst[begin:begin + batch_links]
+            if mode == "bare":
+                pipe = client.pipeline(transaction=False)
+                for owners, members, key_of in ((s, d, keys.out_links), (d, s, keys.in_links)):
+                    group_owner, counts, ordered = group_members(owners, members)
+                    values = ordered.tolist()
+                    pos = 0
+                    for owner, count in zip(group_owner.tolist(), counts.tolist(), strict=True):
+                        pipe.execute_command("SADD", key_of(owner), *values[pos:pos + count])
+                        pos += count
+                pipe.execute()
+            else:
+                commit_graph(client, keys, GraphWrite(insert_src=s, insert_dst=d))
+        results.append(src.size / (time.perf_counter() - started))
+        delete_keys(settings, prefix)
+    return results[0], results[1]
+
+
+def run_latency(settings: Settings, stream: Sequence[tuple[bytes, bytes, int]],
+                rate_events: float, env: dict[str, str]) -> dict[str, float]:
+    client = connect_redis(settings)
+    keys = Keys(settings.key_prefix)
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "consumer", "consume"], env=env,
+                            stderr=subprocess.DEVNULL)
+    try:
+        while client.hget(keys.status, "state") != b"running" or \
+                client.hget(keys.status, "pid") != str(proc.pid).encode():
+            if proc.poll() is not None:
+                raise SystemExit("the consumer subprocess died while starting")
+            time.sleep(0.05)
+        restart_s = time.perf_counter() - started
+        sent: list[tuple[int, int, int]] = []  # (ts_ms, partition, offset)
+        samples: list[tuple[float, dict[str, int]]] = []
+        done = threading.Event()
+
+        def watch() -> None:
+            watcher = connect_redis(settings)
+            while not done.is_set():
+                raw = watcher.hget(keys.meta("pagerank"), "offsets")
+                samples.append((time.time() * 1000, json.loads(raw) if raw else {}))
+                time.sleep(0.01)
+
+        thread = threading.Thread(target=watch, daemon=True)
+        thread.start()
+        producer = producer_for(settings)
+        lock = threading.Lock()
+        begin = time.perf_counter()
+        for i, (key, body, _) in enumerate(stream):
+            due = begin + i / rate_events
+            pause = due - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+            ts = int(time.time() * 1000)
+
+            def record(meta: Any, ts: int = ts) -> None:
+                with lock:
+                    sent.append((ts, meta.partition, meta.offset))
+
+            producer.send(settings.topic, with_ts(body, ts), key=key).add_callback(record)
+        producer.flush()
+        producer.close()
+        produce_s = time.perf_counter() - begin
+        last = {f"{settings.topic}:{p}": o + 1 for _, p, o in sent}
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if samples and all(samples[-1][1].get(k, 0) >= v for k, v in last.items()):
+                break
+            time.sleep(0.05)
+        done.set()
+        thread.join()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    latencies = []
+    times = np.array([t for t, _ in samples])
+    for ts, partition, offset in sent:
+        field = f"{settings.topic}:{partition}"
+        visible = np.array([o.get(field, 0) > offset for _, o in samples])
+        hits = np.flatnonzero(visible)
+        if hits.size:
+            latencies.append(times[hits[0]] - ts)
+    lat = np.array(latencies) / 1000.0
+    return {"restart_s": restart_s, "sent": float(len(sent)), "visible": float(lat.size),
+            "p50": float(np.percentile(lat, 50)) if lat.size else float("nan"),
+            "p99": float(np.percentile(lat, 99)) if lat.size else float("nan"),
+            "max": float(lat.max()) if lat.size else float("nan"),
+            "achieved_rate": len(stream) / produce_s}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=100_000,
+                        help="page events pre-filled for the throughput run (full: 1000000)")
+    parser.add_argument("--latency-events", type=int, default=None,
+                        help="events of the latency phase (default: rate x --latency-seconds)")
+    parser.add_argument("--latency-seconds", type=float, default=20.0)
+    parser.add_argument("--rate", type=float, default=None,
+                        help="latency phase rate in link changes/s (default: half the measured "
+                             "throughput, at most half the 100k target)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keep", action="store_true", help="keep the topic and keys")
+    args = parser.parse_args(argv)
+
+    base = load_settings()
+    up(base, timeout=180.0)
+    token = uuid.uuid4().hex[:8]
+    settings = base.model_copy(update={"topic": f"bench.pipeline.{token}",
+                                       "dlq_topic": f"bench.pipeline.{token}.dlq",
+                                       "key_prefix": f"bench:{token}:"})
+    options = kafka_client_options(settings)
+    ensure_topics(settings.kafka_bootstrap, topic_specs(settings), **options)
+    client = connect_redis(settings)
+    try:
+        say(f"generating {args.events:,} page events (+ the latency phase's) ...")
+        gen_started = time.perf_counter()
+        # Enough for the latency phase at its largest default rate (~8 links/event).
+        extra = args.latency_events or int((args.rate or TARGET_LINKS_PER_S / 2) / 8
+                                           * args.latency_seconds)
+        stream = encode_stream(args.events + extra, args.seed)
+        first, rest = stream[: args.events], stream[args.events:]
+        links = sum(n for _, _, n in first)
+        say(f"  {len(stream):,} events in {time.perf_counter() - gen_started:.1f} s; "
+            f"the first {len(first):,} carry {links:,} links")
+        produce_s = produce_all(settings, first)
+        say(f"produced {len(first):,} events in {produce_s:.1f} s "
+            f"({len(first) / produce_s:,.0f} events/s)")
+
+        result = run_throughput(settings)
+        say(f"throughput: {result.events:,} events, {result.link_changes:,} link changes, "
+            f"{result.batches} batches in {result.seconds:.1f} s")
+        batch_links = max(1, result.link_changes // max(result.batches, 1))
+        bare, script = floors(client, settings, batch_links)
+
+        rate_links = args.rate or min(result.links_per_s, TARGET_LINKS_PER_S) / 2
+        links_per_event = links / max(len(first), 1)
+        rate_events = rate_links / links_per_event
+        count = args.latency_events or int(rate_events * args.latency_seconds)
+        env = dict(os.environ)
+        env.update({"RANKSTREAM_TOPIC": settings.topic, "RANKSTREAM_DLQ_TOPIC": settings.dlq_topic,
+                    "RANKSTREAM_KEY_PREFIX": settings.key_prefix})
+        say(f"latency: {count:,} events at {rate_events:,.0f} events/s "
+            f"({rate_links:,.0f} link changes/s) ...")
+        latency = run_latency(settings, rest[:count], rate_events, env)
+
+        say("")
+        say(f"{'end-to-end throughput':<44}{result.links_per_s:>12,.0f} link changes/s "
+            f"({result.events / result.seconds:,.0f} events/s)")
+        say(f"{'bare redis-py pipeline floor (same links)':<44}{bare:>12,.0f} links/s")
+        say(f"{'consumer bulk-script write path alone':<44}{script:>12,.0f} links/s")
+        say(f"{'ratio end-to-end / bare floor':<44}{result.links_per_s / bare:>12.2f}"
+            "   (target >= 0.5)")
+        say(f"{'latency rate (achieved)':<44}{latency['achieved_rate'] * links_per_event:>12,.0f}"
+            f" link changes/s")
+        say(f"{'event -> visible score p50 / p99 / max':<44}{latency['p50']:>8.3f} s"
+            f" / {latency['p99']:.3f} s / {latency['max']:.3f} s   (target p99 <= 2 s)")
+        say(f"{'consumer restart on the loaded graph':<44}{latency['restart_s']:>10.1f} s")
+        say(f"{'target >= 100k link changes/s':<44}"
+            f"{'met' if result.links_per_s >= TARGET_LINKS_PER_S else 'NOT met':>12}")
+    finally:
+        client.close()
+        if not args.keep:
+            delete_topics(settings.kafka_bootstrap, [settings.topic, settings.dlq_topic],
+                          **options)
+            delete_keys(settings, settings.key_prefix)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

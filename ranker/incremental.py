@@ -1,0 +1,185 @@
+"""Live PageRank and Weighted PageRank over a changing :class:`LinkGraph`.
+
+:class:`LiveRanks` owns the graph and one :class:`ranker.residual.ResidualEngine` per
+algorithm. Each :meth:`LiveRanks.apply` works out, before touching the graph, which
+links really change (no-op inserts and deletes are filtered out so they cost
+nothing), lets every engine retract the out-weight columns that are about to
+change, applies the batch, lets every engine add the new columns, and refreshes.
+The refresh cost follows the size of the change; see :mod:`ranker.residual` for
+the tolerance semantics, the certified bounds and the local/global switch.
+
+Every ``recompute_every`` batches the residual is recomputed from scratch, so
+floating-point drift of the incremental updates never accumulates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ranker.linkgraph import AppliedBatch, EdgeBatch, LinkGraph
+from ranker.pagerank import pagerank
+from ranker.residual import ALGORITHM_KINDS, RefreshReport, ResidualEngine
+from ranker.weighted_pagerank import weighted_pagerank
+from rankstream.errors import InputError
+
+__all__ = ["LiveRanks", "RefreshReport"]
+
+
+class LiveRanks:
+    """The graph plus incrementally maintained scores of each algorithm.
+
+    Args:
+        graph: the graph to rank (a new empty one by default); LiveRanks owns it
+            from now on: change it only through :meth:`apply`.
+        algorithms: any of "pagerank", "wpr".
+        damping: ``d``.
+        tolerance: RELATIVE certified L1 bound: fresh means
+            ``||r||_1 / (1 - d) <= tolerance * sum(y)``.
+        publish_threshold: a page is reported moved when its ``y`` differs from
+            the value last reported by more than this (absolute, paper scale).
+        max_iter: cap on the sweeps of one global refresh (and of a cold solve).
+        max_error: optional certified per-page accuracy: fresh also requires the
+            report's ``max_abs_bound`` (a bound on ``max |y_exact - y|``, paper scale)
+            to be at most this.
+        local_work: link visits per graph link a local push may spend before the
+            refresh switches to global sweeps.
+        recompute_every: batches between exact residual recomputations.
+    """
+
+    def __init__(
+        self,
+        graph: LinkGraph | None = None,
+        *,
+        algorithms: Sequence[str] = ("pagerank", "wpr"),
+        damping: float = 0.85,
+        tolerance: float = 1e-6,
+        publish_threshold: float = 1e-7,
+        max_iter: int = 1000,
+        max_error: float | None = None,
+        local_work: float = 1.0,
+        recompute_every: int = 64,
+    ) -> None:
+        if not 0.0 < damping < 1.0:
+            raise InputError(f"damping must lie strictly between 0 and 1, got {damping!r}")
+        if not tolerance > 0.0:
+            raise InputError(f"tolerance must be positive, got {tolerance!r}")
+        if publish_threshold < 0.0:
+            raise InputError(f"publish_threshold must be >= 0, got {publish_threshold!r}")
+        if max_error is not None and not max_error > 0.0:
+            raise InputError(f"max_error must be positive, got {max_error!r}")
+        unknown = [a for a in algorithms if a not in ALGORITHM_KINDS]
+        if unknown or not algorithms:
+            raise InputError(f"unknown algorithm(s) {unknown}; choose from "
+                             f"{sorted(ALGORITHM_KINDS)}")
+        self.graph = graph if graph is not None else LinkGraph()
+        self.damping = float(damping)
+        self.tolerance = float(tolerance)
+        self.max_iter = int(max_iter)
+        self.recompute_every = max(int(recompute_every), 1)
+        self.batches = 0
+        self.engines = {
+            name: ResidualEngine(self.graph, name, damping=self.damping,
+                                 tolerance=self.tolerance, publish_threshold=publish_threshold,
+                                 max_error=max_error, local_work=local_work,
+                                 max_sweeps=self.max_iter)
+            for name in dict.fromkeys(algorithms)
+        }
+        self.last_applied: AppliedBatch | None = None
+
+    # ------------------------------------------------------------------ reads
+    def _engine(self, algorithm: str) -> ResidualEngine:
+        try:
+            return self.engines[algorithm]
+        except KeyError:
+            raise InputError(f"algorithm {algorithm!r} is not maintained here") from None
+
+    def scores(self, algorithm: str) -> np.ndarray:
+        """Paper-scale ``y`` by page id (a view of length ``graph.num_ids``)."""
+        return self._engine(algorithm).y[: self.graph.num_ids]
+
+    def total(self, algorithm: str) -> float:
+        """``sum(y)`` as of the last refresh."""
+        return self._engine(algorithm).total
+
+    def bound(self, algorithm: str) -> float:
+        """Certified ``||y_exact - y||_1`` (``||r||_1 / (1-d)``, exact as of the last refresh)."""
+        return self._engine(algorithm).bound
+
+    # ------------------------------------------------------------------ writes
+    def cold_start(self, warm: dict[str, np.ndarray] | None = None) -> dict[str, RefreshReport]:
+        """Solve from scratch, or restart from ``warm`` vectors (e.g. read back from Redis).
+
+        Without a warm vector an algorithm is solved by the static solver, then its
+        residual is recomputed exactly and refreshed. With one, ``y = warm`` (dead
+        pages zeroed, missing entries 0), the residual is recomputed exactly and the
+        refresh repairs whatever is stale. Every live page is reported moved.
+        """
+        reports = {}
+        graph = self.graph
+        n = graph.num_ids
+        live = graph.live_mask()
+        for name, engine in self.engines.items():
+            vector = None if warm is None else warm.get(name)
+            if vector is None:
+                # A loose cold solve is enough: the refresh below tightens it, and its
+                # tolerance is on sum(y) >= (1 - d) * live pages.
+                tol = 0.5 * self.tolerance * (1.0 - self.damping) * max(int(live.sum()), 1)
+                solver = pagerank if name == "pagerank" else weighted_pagerank
+                result = solver(graph.to_csr(), damping=self.damping, tol=tol,
+                                max_iter=self.max_iter, alive=live)
+                start = result.scores
+            else:
+                start = np.zeros(n)
+                given = np.asarray(vector, dtype=np.float64)[:n]
+                start[: given.size] = given
+            engine.load(start)
+            report = engine.refresh()
+            if vector is None:
+                report.mode = "cold"
+            reports[name] = report
+        return reports
+
+    def apply(self, batch: EdgeBatch) -> dict[str, RefreshReport]:
+        """Apply ``batch`` to the graph and refresh every algorithm incrementally."""
+        graph = self.graph
+        sources, targets = self._changing_links(batch)
+        cols = {name: e.columns(sources, targets) for name, e in self.engines.items()}
+        for name, engine in self.engines.items():
+            engine.retract(cols[name])
+        applied = graph.apply(batch)
+        self.last_applied = applied
+        self.batches += 1
+        recompute = self.batches % self.recompute_every == 0
+        reports = {}
+        for name, engine in self.engines.items():
+            engine.absorb(cols[name], applied)
+            if recompute:
+                engine.recompute_residual()
+            reports[name] = engine.refresh()
+        return reports
+
+    def _changing_links(self, batch: EdgeBatch) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct sources and targets of the links ``batch`` may change (pre-apply).
+
+        A superset is harmless (an unchanged column is retracted and re-added); what
+        matters is filtering the common no-ops, which would otherwise drag the
+        in-neighbourhoods of hubs into WPR's column set.
+        """
+        graph = self.graph
+        n = graph.num_ids
+        for name in ("insert_src", "insert_dst", "delete_src", "delete_dst", "removed_pages"):
+            ids = getattr(batch, name)
+            if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
+                raise InputError(f"{name} holds an id outside 0..{n - 1}", where="EdgeBatch")
+        removed = np.unique(batch.removed_pages)
+        removed = removed[graph.live_mask()[removed]] if removed.size else removed
+        present = graph.links_exist(batch.delete_src, batch.delete_dst)
+        absent = ~graph.links_exist(batch.insert_src, batch.insert_dst)
+        absent &= batch.insert_src != batch.insert_dst
+        sources = np.concatenate([removed, graph.gather_in(removed),
+                                  batch.delete_src[present], batch.insert_src[absent]])
+        targets = np.concatenate([removed, graph.gather_out(removed),
+                                  batch.delete_dst[present], batch.insert_dst[absent]])
+        return (np.unique(sources).astype(np.int32), np.unique(targets).astype(np.int32))

@@ -1,0 +1,330 @@
+"""One residual engine per algorithm: keeps ``y`` and ``r = b + d*M*y - y`` exact.
+
+The certified bound is ``||y_exact - y||_1 <= ||r||_1 / (1 - d)`` (docs/algorithms.md,
+"Incremental refresh"). A graph change from ``M`` to ``M'`` only alters the columns
+of pages whose out-weights change; :meth:`ResidualEngine.retract` subtracts their old
+contribution ``d*M[:, m]*y[m]`` before the graph changes and :meth:`absorb` adds the
+new one after, so the invariant holds exactly (up to rounding, which the periodic
+full recomputation wipes out). :meth:`refresh` then pushes residual mass into ``y``.
+
+Tolerance semantics (decided here). ``tolerance`` is RELATIVE: a refresh is fresh
+when ``||r||_1 / (1-d) <= tolerance * sum(y)``, i.e. when the certified L1 error of
+the probability-scale vector ``x = y / sum(y)`` is at most about ``tolerance`` (at
+most ``2 * tolerance / (1 - tolerance)``, see ``ranker.pagerank.probability_bound``).
+An absolute L1 tolerance would have to grow with the graph: ``sum(y)`` is of the
+order of the page count, so a fixed absolute figure means a near-exact global solve
+per batch on a large graph and a sloppy one on a small graph. The relative figure
+costs the same per changed link whatever the graph size, which is what makes
+incremental refresh pay. Reports carry both the absolute and the relative bound.
+
+An L1 bound says little about one page: ``max |y_exact - y|`` is only bounded by
+``max|r| * max(y_exact) / (1 - d)`` (the rows of ``(I - d*M)^-1`` sum to
+``y_exact / (1 - d)`` for both PageRank and WPR), which the report carries as
+``max_abs_bound``. Callers that need a per-page accuracy set ``max_error``: the
+refresh then also pushes until that certified per-page bound is at most it.
+
+Local or global: the refresh starts as a FIFO frontier push (work proportional to
+the change). If the push spends more than ``local_work`` link visits per link of
+the graph, the change is not local any more, and it switches by itself to
+warm-started Gauss-Seidel sweeps over all pages (``mode="global"``), which touch
+memory in order and cost one link visit per link per sweep.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ranker import _kernels as K
+from ranker.linkgraph import AppliedBatch, LinkGraph
+
+ALGORITHM_KINDS = {"pagerank": K.KIND_PAGERANK, "wpr": K.KIND_WPR}
+
+
+@dataclass
+class RefreshReport:
+    """Outcome of one refresh of one algorithm.
+
+    Attributes:
+        algorithm: "pagerank" or "wpr".
+        fresh: the certified relative bound is within the tolerance (and every
+            ``max_abs_bound <= max_error`` when that is set). Never true otherwise.
+        bound: certified ``||y_exact - y||_1 <= ||r||_1 / (1 - d)``, paper scale,
+            with ``||r||_1`` recomputed exactly at the end of the refresh.
+        total: ``sum(y)``.
+        moved_ids: live pages whose ``y`` moved by more than the publish threshold
+            since they were last published; ``moved_scores`` their new ``y``.
+        mode: "local" (frontier push), "global" (sweeps) or "cold" (static solve).
+        pushes: single-page pushes done (sweeps included).
+        seconds: wall time of the refresh.
+        relative_bound: ``bound / total`` (what ``tolerance`` is compared with).
+        residual_max: ``max |r|``.
+        max_abs_bound: certified ``max |y_exact - y|`` (inf if not certifiable).
+        work: link entries visited (column updates, pushes, sweeps).
+        sweeps: global sweeps done.
+    """
+
+    algorithm: str
+    fresh: bool
+    bound: float
+    total: float
+    moved_ids: np.ndarray
+    moved_scores: np.ndarray
+    mode: str
+    pushes: int
+    seconds: float
+    relative_bound: float = 0.0
+    residual_max: float = 0.0
+    max_abs_bound: float = 0.0
+    work: int = 0
+    sweeps: int = 0
+
+
+def _ring_size(count: int) -> int:
+    return 1 << max(4, int(count).bit_length())
+
+
+class ResidualEngine:
+    """Incremental PageRank (``kind=0``) or Weighted PageRank (``kind=1``) state."""
+
+    def __init__(self, graph: LinkGraph, algorithm: str, *, damping: float, tolerance: float,
+                 publish_threshold: float, max_error: float | None, local_work: float,
+                 max_sweeps: int) -> None:
+        self.graph = graph
+        self.algorithm = algorithm
+        self.kind = ALGORITHM_KINDS[algorithm]
+        self.damping = damping
+        self.tolerance = tolerance
+        self.publish_threshold = publish_threshold
+        self.max_error = max_error
+        self.local_work = local_work
+        self.max_sweeps = max_sweeps
+        self._cap = 0
+        self.y = np.zeros(0)
+        self.r = np.zeros(0)
+        self.published = np.zeros(0)
+        self.si = np.zeros(0)
+        self.so = np.zeros(0)
+        self.base = np.zeros(0)  # b: 1 - d on live pages, 0 elsewhere
+        self.inq = np.zeros(0, dtype=np.bool_)
+        self.is_touched = np.zeros(0, dtype=np.bool_)
+        self.touched = np.zeros(0, dtype=np.int32)
+        self.queue = np.zeros(16, dtype=np.int32)
+        self.qstate = np.zeros(K.QSTATE_SLOTS, dtype=np.int64)
+        self.l1 = 0.0  # running ||r||_1, exact after every refresh
+        self.pending_work = 0
+        self.rescan = False  # queue every page above the threshold at the next refresh
+        self.total = 0.0
+        self.y_max = 0.0
+        self.bound = 0.0
+        self._ensure(graph.num_ids)
+
+    # ---------------------------------------------------------------- storage
+    def _ensure(self, num_ids: int) -> None:
+        """Grow every per-page array to hold ``num_ids`` (amortised 1.5x)."""
+        if num_ids <= self._cap:
+            return
+        cap = max(num_ids, self._cap + (self._cap >> 1), 16)
+        for name in ("y", "r", "published", "si", "so", "base", "inq", "is_touched", "touched"):
+            old = getattr(self, name)
+            new = np.zeros(cap, dtype=old.dtype)
+            new[: old.size] = old
+            setattr(self, name, new)
+        if self.queue.size <= cap:
+            # Re-lay the ring in order into a bigger power-of-two buffer.
+            size = int(self.qstate[K.Q_SIZE])
+            head = int(self.qstate[K.Q_HEAD])
+            order = (head + np.arange(size)) & (self.queue.size - 1)
+            queue = np.zeros(_ring_size(cap), dtype=np.int32)
+            queue[:size] = self.queue[order]
+            self.queue = queue
+            self.qstate[K.Q_HEAD] = 0
+        self._cap = cap
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                               np.ndarray]:
+        g = self.graph
+        return (g.out_start, g.out_len, g.out_nbr, g.in_len, self.si, self.so)
+
+    # ---------------------------------------------------------------- graph changes
+    def columns(self, sources: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """Pages whose out-weight column changes when links ``sources -> targets`` change.
+
+        PageRank: the sources. WPR: ``{u} + B(u) + B(v)`` (B before the change; pages
+        gaining in-links are themselves changed sources, so this covers B after it).
+        Call before the graph changes.
+        """
+        if self.kind == K.KIND_PAGERANK:
+            return sources
+        g = self.graph
+        parts = [sources, g.gather_in(sources), g.gather_in(targets)]
+        return np.unique(np.concatenate(parts)).astype(np.int32)
+
+    def retract(self, cols: np.ndarray) -> None:
+        """Subtract the current contribution of ``cols`` (before the graph changes)."""
+        self._add_columns(cols, -1.0)
+
+    def absorb(self, cols: np.ndarray, applied: AppliedBatch) -> None:
+        """Add the new contribution of ``cols`` and the base changes (after the change)."""
+        g = self.graph
+        self._ensure(g.num_ids)
+        live = g.live_mask()
+        pages = np.unique(np.concatenate([applied.removed_pages, applied.new_pages]))
+        if pages.size:
+            # Idempotent against our own b, so a page interned before cold_start and
+            # reported new by the next apply is not counted twice.
+            want = np.where(live[pages], 1.0 - self.damping, 0.0)
+            old_r = self.r[pages]
+            self.r[pages] = old_r + (want - self.base[pages])
+            self.base[pages] = want
+            self.l1 += float(np.abs(self.r[pages]).sum() - np.abs(old_r).sum())
+            K.enqueue_pages(pages, self.queue, self.qstate, self.inq)
+        if self.kind == K.KIND_WPR:
+            K.update_sums(cols, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si, self.so)
+        self._add_columns(cols, 1.0)
+        removed = applied.removed_pages
+        dead = removed[~live[removed]]
+        # A removed page has no links and b = 0, so its exact y and residual are 0;
+        # zeroing y moves no other residual because its column is empty.
+        self.l1 -= float(np.abs(self.r[dead]).sum())
+        self.y[dead] = 0.0
+        self.r[dead] = 0.0
+        self.published[removed] = 0.0
+        # Removed and revived by the same batch: readers dropped its score, so it
+        # must be published again even if y did not move.
+        K.touch_pages(removed[live[removed]], self.touched, self.qstate, self.is_touched)
+
+    def _add_columns(self, cols: np.ndarray, sign: float) -> None:
+        work, dl1 = K.add_columns(self.kind, cols, sign, self.damping, self.y, self.r,
+                                  *self._arrays(), self.queue, self.qstate, self.inq)
+        self.pending_work += work
+        self.l1 += dl1
+
+    # ---------------------------------------------------------------- exact state
+    def recompute_residual(self) -> float:
+        """``r = b + d*M*y - y`` from scratch (drift guard); returns the largest change."""
+        g = self.graph
+        n = g.num_ids
+        before = self.r[:n].copy()
+        live = g.live_mask()
+        self.base[:n] = np.where(live, 1.0 - self.damping, 0.0)
+        if self.kind == K.KIND_WPR:
+            K.all_sums(n, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si, self.so)
+        self.l1, _ = K.full_residual(self.kind, self.damping, n, live, self.y, self.r,
+                                     *self._arrays())
+        K.clear_queue(self.queue, self.qstate, self.inq)
+        self.rescan = True
+        return float(np.abs(self.r[:n] - before).max()) if n else 0.0
+
+    def load(self, y: np.ndarray) -> None:
+        """Take ``y`` as the current estimate (dead pages zeroed), residual recomputed."""
+        n = self.graph.num_ids
+        self._ensure(n)
+        self.y[:] = 0.0
+        self.y[:n] = y[:n]
+        self.y[:n][~self.graph.live_mask()] = 0.0
+        self.published[:] = 0.0
+        self.recompute_residual()
+        self.is_touched[:n] = True
+        self.touched[:n] = np.arange(n, dtype=np.int32)
+        self.qstate[K.T_COUNT] = n
+
+    # ---------------------------------------------------------------- refresh
+    def _max_error(self) -> float:
+        return np.inf if self.max_error is None else self.max_error
+
+    def _thresholds(self, total: float, y_max: float, live_count: int) -> tuple[float, float]:
+        """(allowed ||r||_1, push threshold on |r[m]|) for the current sum and max of y.
+
+        Once every ``|r[m]| <= target / live pages`` the L1 target holds; with
+        ``max_error`` the threshold also makes :meth:`_max_abs_bound` at most it.
+        """
+        d = self.damping
+        target = self.tolerance * (1.0 - d) * total
+        eps = target / live_count
+        if self.max_error is not None:
+            eps = min(eps, self.max_error * (1.0 - d) / (max(y_max, 1.0 - d) + self.max_error))
+        return target, eps
+
+    def _max_abs_bound(self, peak: float, y_max: float) -> float:
+        """Certified ``max |y_exact - y|`` from ``max |r| = peak``.
+
+        ``|e| <= G |r| <= peak * G 1`` with ``G = (I - d*M)^-1 >= 0`` and
+        ``G 1 = y_exact / (1 - d)`` on live pages (1 on dead ones), and
+        ``max y_exact <= y_max + E``; solving ``E <= rho * (y_max + E)`` for E.
+        """
+        rho = peak / (1.0 - self.damping)
+        if rho >= 1.0:
+            return np.inf
+        return rho * max(y_max, 1.0 - self.damping) / (1.0 - rho)
+
+    def refresh(self, *, mode: str = "local") -> RefreshReport:
+        """Push until the certified bounds hold; switch to global sweeps if not local."""
+        start = time.perf_counter()
+        g = self.graph
+        n = g.num_ids
+        d = self.damping
+        work = self.pending_work
+        self.pending_work = 0
+        pushes = 0
+        sweeps = 0
+        live_count = max(g.num_live, 1)
+        # b alone gives sum(y) >= (1 - d) * live pages, a safe floor before y settles.
+        total = max(self.total, (1.0 - d) * live_count)
+        # y grows where links were added; the threshold is re-derived from the exact
+        # maximum after every pass, so an underestimate here only costs a pass.
+        y_max = self.y_max
+        budget = int(self.local_work * max(g.num_links, 1)) + 10_000
+        stop_early = self.max_error is None
+        if self.rescan:
+            K.enqueue_above(n, self._thresholds(total, y_max, live_count)[1], self.r,
+                            self.queue, self.qstate, self.inq)
+            self.rescan = False
+        while True:
+            target, eps = self._thresholds(total, y_max, live_count)
+            if mode == "local":
+                stop = 0.9 * target if stop_early else -1.0
+                p, w, self.l1 = K.push_queue(self.kind, d, eps, budget - work, stop, self.l1,
+                                             self.y, self.r, *self._arrays(), self.queue,
+                                             self.qstate, self.inq, self.touched, self.is_touched)
+                pushes += p
+                work += w
+                l1, peak = K.abs_stats(self.r, n)
+                if self.qstate[K.Q_SIZE] > 0 and work > budget:
+                    mode = "global"
+                    K.clear_queue(self.queue, self.qstate, self.inq)
+            else:
+                p, w, l1, peak = K.sweep(self.kind, d, eps, n, self.y, self.r, *self._arrays(),
+                                         self.touched, self.qstate, self.is_touched)
+                pushes += p
+                work += w
+                sweeps += 1
+            self.l1 = l1
+            total, y_max = K.sum_max(self.y, n)
+            target, eps = self._thresholds(total, y_max, live_count)
+            if l1 <= target and self._max_abs_bound(peak, y_max) <= self._max_error():
+                break
+            if mode == "global" and sweeps >= self.max_sweeps:
+                break  # reported as not fresh
+            # Residual left over from earlier refreshes can hold the bound above target.
+            if mode == "local" and self.qstate[K.Q_SIZE] == 0 and K.enqueue_above(
+                    n, eps, self.r, self.queue, self.qstate, self.inq) == 0:
+                break  # only rounding noise is left; reported as not fresh
+        live = g.live_mask()
+        moved = K.collect_moved(self.touched, self.qstate, self.is_touched, live, self.y,
+                                self.published, self.publish_threshold)
+        self.total = total
+        self.y_max = y_max
+        self.bound = l1 / (1.0 - d)
+        max_abs = min(self._max_abs_bound(peak, y_max), self.bound)
+        relative = self.bound / total if total > 0 else (0.0 if l1 == 0 else np.inf)
+        fresh = relative <= self.tolerance and max_abs <= self._max_error()
+        return RefreshReport(
+            algorithm=self.algorithm, fresh=bool(fresh), bound=self.bound, total=total,
+            moved_ids=moved, moved_scores=self.y[moved].copy(), mode=mode, pushes=int(pushes),
+            seconds=time.perf_counter() - start, relative_bound=relative,
+            residual_max=float(peak), max_abs_bound=float(max_abs),
+            work=int(work), sweeps=sweeps,
+        )

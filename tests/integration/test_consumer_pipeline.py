@@ -1,0 +1,263 @@
+"""The consumer end to end, in-process, against the real Kafka broker and redis-server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis as redis_py
+
+from consumer import readers
+from consumer.keys import ALGORITHMS, Keys
+from consumer.redis_store import connect_redis, load_stored
+from consumer.service import ConsumeOptions, ConsumerService
+from producer.client import LinkPublisher
+from producer.schema import Limits, decode_event
+from producer.synthetic import synthetic_event_dicts
+from ranker.linkgraph import LinkGraph
+from ranker.pagerank import pagerank
+from ranker.weighted_pagerank import weighted_pagerank
+from rankstream.graph_updates import EventApplier
+from rankstream.services.kafka import delete_topics, ensure_topics
+from rankstream.services.stack import kafka_client_options, topic_specs
+from rankstream.services.testing import Isolated
+from rankstream.settings import Settings
+
+# -- helpers ---------------------------------------------------------------------------
+
+def publish(settings: Settings, messages: Sequence[bytes | dict[str, Any]]) -> None:
+    """Publish dicts (validated, keyed by source URL) and raw bytes, in order."""
+    with LinkPublisher.from_settings(settings) as publisher:
+        for message in messages:
+            if isinstance(message, bytes):
+                publisher.publish_raw(message, b"raw")
+            else:
+                publisher.publish_event(decode_event(json.dumps(message).encode(),
+                                                     Limits.from_settings(settings)))
+
+
+def consume(settings: Settings, **options: Any) -> ConsumerService:
+    service = ConsumerService(settings, ConsumeOptions(until_caught_up=True, **options))
+    assert service.run() == 0
+    return service
+
+
+def url_edges(client: redis_py.Redis, settings: Settings) -> tuple[set[tuple[str, str]], set[str]]:
+    """(links as URL pairs, live page URLs) as stored in Redis."""
+    stored = load_stored(client, Keys(settings.key_prefix), settings.topic)
+    urls = stored.urls
+    edges = {(urls[s], urls[d])
+             for s, d in zip(stored.edge_src.tolist(), stored.edge_dst.tolist(), strict=True)}
+    dead = set(stored.removed.tolist())
+    return edges, {u for i, u in enumerate(urls) if i not in dead}
+
+
+def offline_graph(messages: Sequence[dict[str, Any]]) -> LinkGraph:
+    graph = LinkGraph()
+    applier = EventApplier(graph)
+    events = [decode_event(json.dumps(m).encode()) for m in messages]
+    graph.apply(applier.apply(events).batch)
+    return graph
+
+
+def graph_as_urls(graph: LinkGraph) -> tuple[set[tuple[str, str]], set[str]]:
+    src, dst = graph.edges()
+    edges = {(graph.key_of(s), graph.key_of(d))
+             for s, d in zip(src.tolist(), dst.tolist(), strict=True)}
+    return edges, {graph.key_of(p) for p in range(graph.num_ids) if graph.is_live(p)}
+
+
+def exact_scores(graph: LinkGraph, algorithm: str, damping: float) -> dict[str, float]:
+    solve = pagerank if algorithm == "pagerank" else weighted_pagerank
+    result = solve(graph.to_csr(), damping=damping, tol=1e-12, max_iter=10_000,
+                   alive=graph.live_mask())
+    return {graph.key_of(p): float(result.scores[p])
+            for p in range(graph.num_ids) if graph.is_live(p)}
+
+
+def published(client: redis_py.Redis, prefix: str, algorithm: str) -> dict[str, float]:
+    rows = client.zrange(Keys(prefix).scores(algorithm), 0, -1, withscores=True)
+    return {url.decode(): float(score) for url, score in rows}
+
+
+def l1(a: dict[str, float], b: dict[str, float]) -> float:
+    return sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
+
+
+@pytest.fixture
+def one_partition(isolated: Isolated) -> Iterator[Settings]:
+    """The test's settings on a single-partition topic: the log order is total."""
+    settings = isolated.settings.model_copy(update={
+        "topic": f"{isolated.topic}.p1", "dlq_topic": f"{isolated.topic}.p1.dlq",
+        "topic_partitions": 1})
+    options = kafka_client_options(settings)
+    ensure_topics(settings.kafka_bootstrap, topic_specs(settings), **options)
+    try:
+        yield settings
+    finally:
+        delete_topics(settings.kafka_bootstrap, [settings.topic, settings.dlq_topic], **options)
+
+
+# -- tests -----------------------------------------------------------------------------
+
+def test_replay_equals_offline_graph_and_scores_within_the_bound(one_partition, tmp_path):
+    settings = one_partition.model_copy(update={"batch_max_events": 400})
+    log = list(synthetic_event_dicts(3000, seed=11, edit_fraction=0.3))
+    assert any(m["type"] == "page_removed" for m in log)
+    publish(settings, log)
+    service = consume(settings)
+    assert service.stats.batches >= 5  # several transactions, not one
+    client = connect_redis(settings)
+
+    graph = offline_graph(log)
+    assert url_edges(client, settings) == graph_as_urls(graph)
+    counters = readers.status(client, settings.key_prefix)["graph"]
+    assert counters["version"] == len(log) and counters["links"] == graph.num_links
+    assert counters["pages"] == graph.num_live
+
+    log_file = tmp_path / "log.jsonl"
+    log_file.write_text("".join(json.dumps(m) + "\n" for m in log))
+    for algorithm in ALGORITHMS:
+        meta = readers.meta(client, settings.key_prefix, algorithm)
+        # The tolerance is relative (ranker.residual): fresh means bound <= tol * sum(y).
+        assert meta.fresh and meta.bound <= settings.tolerance * meta.total
+        assert meta.version == len(log)
+        assert meta.offsets == {f"{settings.topic}:0": len(log)}
+        scores = published(client, settings.key_prefix, algorithm)
+        exact = exact_scores(graph, algorithm, settings.damping)
+        assert set(scores) == set(exact)
+        assert l1(scores, exact) <= meta.bound + 1e-9
+        assert meta.total == pytest.approx(sum(exact.values()), abs=meta.bound + 1e-9)
+        # ... and `rankstream rank --events` on the same log agrees within the bound
+        # (its own relative tolerance is 1e-12; it prints 12 significant digits).
+        offline = rank_command_scores(log_file, algorithm, settings)
+        assert set(offline) == set(scores)
+        assert l1(scores, offline) <= meta.bound + 3e-12 * meta.total
+
+
+def rank_command_scores(log_file: Path, algorithm: str, settings: Settings) -> dict[str, float]:
+    import contextlib
+    import io
+
+    from rankstream import rank_command
+
+    args = argparse.Namespace(edges=None, events=log_file, batch_size=1000, algorithm=algorithm,
+                              damping=None, tolerance=1e-12, scale="paper", top=None,
+                              verify=False)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert rank_command.run(args, settings) == 0
+    rows = (line.split("\t") for line in out.getvalue().splitlines())
+    return {url: float(value) for url, value in rows}
+
+
+def test_invalid_messages_go_to_the_dlq_and_good_ones_are_applied(isolated):
+    settings = isolated.settings.model_copy(update={"max_message_bytes": 2048})
+    good = [{"type": "page", "url": f"https://good.example.org/{i}",
+             "links": [f"https://good.example.org/{i + 1}"]} for i in range(6)]
+    bad = {
+        "malformed JSON": b'{"type": "page", "url": ',
+        "wrong type": json.dumps({"type": "page", "url": "https://x.org/", "links": 5}).encode(),
+        "missing field": json.dumps({"type": "page", "links": []}).encode(),
+        "oversized": json.dumps({"type": "page", "url": "https://x.org/",
+                                 "links": [f"https://x.org/{'a' * 100}{i}"
+                                           for i in range(40)]}).encode(),
+        "non-UTF-8": b'{"type": "page", "url": "https://x.org/\xff\xfe", "links": []}',
+    }
+    assert len(bad["oversized"]) > settings.max_message_bytes
+    stream: list[bytes | dict[str, Any]] = []
+    for i, raw in enumerate(bad.values()):
+        stream.extend([good[i], raw])
+    stream.append(good[5])
+    publish(settings, stream)
+    consume(settings)
+
+    client = connect_redis(settings)
+    edges, _ = url_edges(client, settings)
+    assert edges == {(g["url"], g["links"][0]) for g in good}
+    assert readers.status(client, settings.key_prefix)["graph"]["dlq"] == len(bad)
+
+    letters = read_topic(settings, settings.dlq_topic, len(bad))
+    assert [value for value, _ in letters] == list(bad.values())
+    expected_words = ["json", "wrong type", "missing", "too large", "utf-8"]
+    for (_, headers), word in zip(letters, expected_words, strict=True):
+        assert headers["source_topic"] == settings.topic.encode()
+        assert int(headers["source_offset"]) >= 0 and int(headers["source_partition"]) >= 0
+        assert word in headers["error"].decode().lower()
+
+
+def read_topic(settings: Settings, topic: str, count: int) -> list[tuple[bytes, dict[str, bytes]]]:
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(topic, bootstrap_servers=settings.kafka_bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=10_000,
+                             group_id=None, **kafka_client_options(settings))
+    out: list[tuple[bytes, dict[str, bytes]]] = []
+    try:
+        for message in consumer:
+            out.append((message.value, dict(message.headers)))
+            if len(out) >= count:
+                break
+    finally:
+        consumer.close()
+    return out
+
+
+def test_stale_page_events_are_ignored_and_counted(isolated):
+    settings = isolated.settings
+    url = "https://stale.example.org/"
+    publish(settings, [
+        {"type": "page", "url": url, "links": ["https://new.example.org/"], "ts": 2000},
+        {"type": "page", "url": url, "links": ["https://old.example.org/"], "ts": 1000},
+    ])
+    consume(settings)
+    # An older event arriving after a restart is judged against page:ts from Redis.
+    publish(settings, [
+        {"type": "page", "url": url, "links": ["https://older.example.org/"], "ts": 1500},
+        {"type": "page", "url": url, "links": ["https://newest.example.org/"], "ts": 3000},
+    ])
+    consume(settings)
+    client = connect_redis(settings)
+    edges, _ = url_edges(client, settings)
+    assert edges == {(url, "https://newest.example.org/")}
+    graph = readers.status(client, settings.key_prefix)["graph"]
+    assert graph["stale_ignored"] == 2 and graph["version"] == 2
+
+
+def test_readers_and_cli_commands(isolated, capsys):
+    from consumer.commands import score as score_cmd
+    from consumer.commands import status as status_cmd
+    from consumer.commands import top as top_cmd
+
+    settings = isolated.settings
+    hub = "https://hub.example.org/"
+    pages = [{"type": "page", "url": f"https://leaf.example.org/{i}", "links": [hub]}
+             for i in range(5)]
+    publish(settings, [*pages, {"type": "page", "url": hub, "links": []}])
+    consume(settings)
+    client = connect_redis(settings)
+    best = readers.top(client, settings.key_prefix, "pagerank", 3)
+    assert best[0][0] == hub and len(best) == 3
+    probability = readers.top(client, settings.key_prefix, "pagerank", 6, "probability")
+    assert sum(value for _, value in probability) == pytest.approx(1.0, abs=1e-6)
+    # The reader canonicalises: upper-case host and a default port are the same page.
+    assert readers.score(client, settings.key_prefix, "HTTPS://Hub.Example.org:443/") == \
+        pytest.approx(best[0][1])
+    assert readers.score(client, settings.key_prefix, "https://unknown.example.org/") is None
+
+    assert top_cmd.run(argparse.Namespace(k=2, algorithm="wpr", scale="paper", json=True),
+                       settings) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["top"][0]["url"] == hub and payload["meta"]["fresh"] is True
+    assert score_cmd.run(argparse.Namespace(url=hub, algorithm=None, scale="paper", json=False),
+                         settings) == 0
+    assert "pagerank" in capsys.readouterr().out
+    assert status_cmd.run(argparse.Namespace(json=True), settings) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["graph"]["pages"] == 6 and status["consumer"]["state"] == "stopped"
+    assert status["running"] is False and np.isfinite(status["algorithms"]["wpr"]["bound"])

@@ -1,0 +1,132 @@
+"""The consumer as a process: SIGKILL and restart, SIGTERM, and the single-consumer guard."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from consumer import readers
+from consumer.keys import ALGORITHMS, Keys
+from consumer.redis_store import connect_redis
+from producer.synthetic import synthetic_event_dicts
+from rankstream.services.testing import Isolated
+from rankstream.settings import Settings
+from tests.integration.test_consumer_pipeline import consume, l1, publish, published, url_edges
+
+
+def consumer_env(settings: Settings, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "RANKSTREAM_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "RANKSTREAM_REDIS_URL": settings.redis_url,
+        "RANKSTREAM_TOPIC": settings.topic,
+        "RANKSTREAM_DLQ_TOPIC": settings.dlq_topic,
+        "RANKSTREAM_KEY_PREFIX": settings.key_prefix,
+    })
+    env.update(extra)
+    return env
+
+
+def start_consumer(settings: Settings, *args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "consumer", "consume", *args],
+        env=consumer_env(settings, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+
+
+def wait_for(check: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:  # never leave a consumer running
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_sigkill_mid_stream_then_restart_equals_an_uninterrupted_run(isolated: Isolated, procs):
+    settings = isolated.settings
+    # No page_removed: with 4 partitions the result must not depend on how batches
+    # interleave the partitions, and only removals make it order-dependent across keys.
+    log = [m for m in synthetic_event_dicts(6000, seed=5, edit_fraction=0.3)
+           if m["type"] != "page_removed"]
+    publish(settings, log)
+    client = connect_redis(settings)
+    keys = Keys(settings.key_prefix)
+
+    def consumed() -> int:
+        return sum(int(v) for v in client.hvals(keys.offsets))
+
+    for fraction in (0.2, 0.5):
+        proc = start_consumer(settings, RANKSTREAM_BATCH_MAX_EVENTS="50")
+        procs.append(proc)
+        wait_for(lambda f=fraction: consumed() >= f * len(log), 120, "progress")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert consumed() < len(log), "the consumer finished before it could be killed"
+    restart = start_consumer(settings, "--until-caught-up")
+    procs.append(restart)
+    _, err = restart.communicate(timeout=180)
+    assert restart.returncode == 0, err
+    assert consumed() == len(log)
+
+    reference = settings.model_copy(update={"key_prefix": f"{settings.key_prefix}ref:"})
+    consume(reference)
+    assert url_edges(client, settings) == url_edges(client, reference)
+    killed_graph = readers.status(client, settings.key_prefix)["graph"]
+    reference_graph = readers.status(client, reference.key_prefix)["graph"]
+    for name in ("version", "links", "pages", "stale_ignored", "dlq"):
+        assert killed_graph[name] == reference_graph[name], name
+    assert killed_graph["version"] == len(log)
+    for algorithm in ALGORITHMS:
+        a = readers.meta(client, settings.key_prefix, algorithm)
+        b = readers.meta(client, reference.key_prefix, algorithm)
+        assert a.fresh and b.fresh and a.version == b.version == len(log)
+        scores_a = published(client, settings.key_prefix, algorithm)
+        scores_b = published(client, reference.key_prefix, algorithm)
+        assert set(scores_a) == set(scores_b)
+        # Each published vector is within its own bound of the same exact vector.
+        assert l1(scores_a, scores_b) <= a.bound + b.bound
+
+
+def test_second_consumer_refuses_and_sigterm_stops_cleanly(isolated: Isolated, procs):
+    settings = isolated.settings
+    publish(settings, [{"type": "page", "url": "https://a.example.org/",
+                        "links": ["https://b.example.org/"]}])
+    client = connect_redis(settings)
+    keys = Keys(settings.key_prefix)
+    first = start_consumer(settings)
+    procs.append(first)
+    wait_for(lambda: client.hget(keys.status, "state") == b"running"
+             and client.hget(keys.graph, "version") == b"1", 120, "the first consumer")
+
+    second = start_consumer(settings, "--until-caught-up")
+    procs.append(second)
+    _, err = second.communicate(timeout=120)
+    assert second.returncode == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "refusing to start" in lines[0], err
+    assert f"pid {first.pid}" in lines[0]
+    assert client.hget(keys.status, "state") == b"running"  # untouched by the refused one
+
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=60)
+    assert first.returncode == 0
+    assert client.get(keys.lock) is None
+    assert client.hget(keys.status, "state") == b"stopped"

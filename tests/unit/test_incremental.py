@@ -1,0 +1,235 @@
+"""Incremental PageRank / WPR (LiveRanks) against cold reference solves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ranker.incremental import LiveRanks
+from ranker.linkgraph import EdgeBatch, LinkGraph
+from ranker.residual import RefreshReport
+from ranker.synthetic import copying_model_graph, random_edit_batch
+from rankstream.errors import InputError
+from tests.reference_algorithms import reference_pagerank, reference_weighted_pagerank
+
+REFERENCE = {"pagerank": reference_pagerank, "wpr": reference_weighted_pagerank}
+FIG2 = [("A", "B"), ("A", "C"), ("B", "C"), ("C", "A"), ("C", "B")]
+
+
+def exact_scores(graph: LinkGraph, algorithm: str, damping: float = 0.85) -> np.ndarray:
+    src, dst = graph.edges()
+    edges = list(zip(src.tolist(), dst.tolist(), strict=True))
+    return REFERENCE[algorithm](graph.num_ids, edges, damping=damping, alive=graph.live_mask())
+
+
+class Published:
+    """What a consumer that writes only moved pages would hold."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, np.ndarray] = {}
+
+    def take(self, ranks: LiveRanks, reports: dict[str, RefreshReport]) -> None:
+        n = ranks.graph.num_ids
+        removed = ranks.last_applied.removed_pages if ranks.last_applied else np.zeros(0, int)
+        for name, report in reports.items():
+            old = self.values.get(name, np.zeros(0))
+            values = np.zeros(n)
+            values[: old.size] = old[:n]
+            values[removed] = 0.0
+            values[report.moved_ids] = report.moved_scores
+            self.values[name] = values
+
+
+def check(ranks: LiveRanks, reports: dict[str, RefreshReport], published: Published) -> None:
+    graph = ranks.graph
+    live = graph.live_mask()
+    for name, report in reports.items():
+        y = ranks.scores(name)
+        exact = exact_scores(graph, name, ranks.damping)
+        slack = 1e-9 * max(1.0, float(exact.sum()))
+        assert report.fresh, report
+        assert report.relative_bound <= ranks.tolerance
+        assert np.abs(y - exact).sum() <= report.bound + slack
+        assert np.abs(y - exact).max(initial=0.0) <= report.max_abs_bound + slack
+        assert (y[~live] == 0.0).all()
+        assert report.total == pytest.approx(y.sum(), rel=1e-12, abs=1e-12)
+        assert ranks.bound(name) == report.bound
+        threshold = ranks.engines[name].publish_threshold
+        assert np.abs(published.values[name] - y)[live].max(initial=0.0) <= threshold
+        assert not live[report.moved_ids].size or live[report.moved_ids].all()
+
+
+@dataclass
+class Step:
+    new_pages: int
+    inserts: list[tuple[int, int]]
+    deletes: list[tuple[int, int]]
+    existing: int
+    removed: list[int]
+
+
+pairs = st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=14)
+steps = st.builds(Step, new_pages=st.integers(0, 3), inserts=pairs, deletes=pairs,
+                  existing=st.integers(0, 6), removed=st.lists(st.integers(0, 40), max_size=2))
+
+
+def run_scenario(size: int, edges: list[tuple[int, int]], batches: list[Step],
+                 **options: object) -> LiveRanks:
+    keys = [f"https://s.test/{i}" for i in range(size)]
+    edges = [(s % size, d % size) for s, d in edges] if size else []
+    graph = LinkGraph.from_id_edges(np.array([e[0] for e in edges], dtype=np.int32),
+                                    np.array([e[1] for e in edges], dtype=np.int32), keys)
+    ranks = LiveRanks(graph, **options)  # type: ignore[arg-type]
+    published = Published()
+    reports = ranks.cold_start()
+    published.take(ranks, reports)
+    check(ranks, reports, published)
+    for step in batches:
+        for _ in range(step.new_pages):
+            graph.intern(f"https://new.test/{graph.num_ids}")
+        n = graph.num_ids
+        if n < 2:
+            continue
+        src, dst = graph.edges()
+        existing = list(zip(src.tolist(), dst.tolist(), strict=True))[: step.existing]
+        ins = [(s % n, d % n) for s, d in step.inserts]
+        dels = [(s % n, d % n) for s, d in step.deletes] + existing
+        batch = EdgeBatch(
+            insert_src=np.array([p[0] for p in ins], dtype=np.int32),
+            insert_dst=np.array([p[1] for p in ins], dtype=np.int32),
+            delete_src=np.array([p[0] for p in dels], dtype=np.int32),
+            delete_dst=np.array([p[1] for p in dels], dtype=np.int32),
+            removed_pages=np.array([p % n for p in step.removed], dtype=np.int32),
+        )
+        reports = ranks.apply(batch)
+        published.take(ranks, reports)
+        check(ranks, reports, published)
+    return ranks
+
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(size=st.integers(0, 10), edges=pairs, batches=st.lists(steps, min_size=1, max_size=4),
+       tolerance=st.sampled_from([1e-3, 1e-6, 1e-10]))
+def test_edit_sequences_match_cold_reference_within_certified_bound(
+        size: int, edges: list[tuple[int, int]], batches: list[Step], tolerance: float) -> None:
+    run_scenario(size, edges, batches, tolerance=tolerance)
+
+
+@SETTINGS
+@given(size=st.integers(2, 10), edges=pairs, batches=st.lists(steps, min_size=1, max_size=3),
+       damping=st.sampled_from([0.5, 0.85, 0.95]))
+def test_global_sweeps_and_frequent_recompute_give_the_same_guarantee(
+        size: int, edges: list[tuple[int, int]], batches: list[Step], damping: float) -> None:
+    # local_work=0 forces the switch to global sweeps on any non-trivial change.
+    run_scenario(size, edges, batches, tolerance=1e-8, damping=damping, local_work=0.0,
+                 recompute_every=1)
+
+
+@SETTINGS
+@given(size=st.integers(2, 10), edges=pairs, batches=st.lists(steps, min_size=1, max_size=3))
+def test_max_error_certifies_per_page_error(
+        size: int, edges: list[tuple[int, int]], batches: list[Step]) -> None:
+    # check() asserts max|y - exact| <= max_abs_bound and fresh; fresh needs the bound
+    # below max_error here, far tighter than the loose L1 tolerance alone would give.
+    ranks = run_scenario(size, edges, batches, tolerance=1e-2, max_error=1e-9)
+    for name in ranks.engines:
+        exact = exact_scores(ranks.graph, name)
+        assert np.abs(ranks.scores(name) - exact).max(initial=0.0) <= 1e-9 + 1e-12
+
+
+def test_fig2_vectors_built_up_incrementally() -> None:
+    ranks = LiveRanks(tolerance=1e-12, publish_threshold=0.0)
+    ranks.cold_start()
+    graph = ranks.graph
+    for src, dst in FIG2:
+        s, d = graph.intern(src), graph.intern(dst)
+        ranks.apply(EdgeBatch(insert_src=np.array([s]), insert_dst=np.array([d])))
+    order = [graph.intern(k) for k in "ABC"]
+    assert ranks.scores("pagerank")[order] == pytest.approx([0.701754, 1.0, 1.298246], abs=1e-6)
+    assert ranks.scores("wpr")[order] == pytest.approx([0.233671, 0.266775, 0.442965], abs=1e-6)
+
+
+def test_removed_page_scores_zero_and_revival_restores_it() -> None:
+    graph = LinkGraph.from_edges([s for s, _ in FIG2], [d for _, d in FIG2])
+    ranks = LiveRanks(graph, tolerance=1e-12)
+    ranks.cold_start()
+    c = graph.intern("C")
+    reports = ranks.apply(EdgeBatch(removed_pages=np.array([c])))
+    for name, report in reports.items():
+        assert ranks.scores(name)[c] == 0.0
+        assert c not in report.moved_ids.tolist()
+    # A and B keep only A -> B: y_A = 1 - d, y_B = (1 - d) + d * y_A.
+    a, b = graph.intern("A"), graph.intern("B")
+    assert ranks.scores("pagerank")[[a, b]] == pytest.approx([0.15, 0.15 + 0.85 * 0.15])
+    reports = ranks.apply(EdgeBatch(insert_src=np.array([c]), insert_dst=np.array([a])))
+    assert graph.is_live(c)
+    assert ranks.scores("pagerank")[c] == pytest.approx(0.15)
+    assert c in reports["pagerank"].moved_ids.tolist()
+
+
+def test_drift_guard_changes_nothing_beyond_rounding() -> None:
+    synthetic = copying_model_graph(400, 6.0, seed=3)
+    graph = synthetic.to_linkgraph()
+    ranks = LiveRanks(graph, tolerance=1e-9, recompute_every=10_000)
+    ranks.cold_start()
+    rng = np.random.default_rng(4)
+    for _ in range(60):
+        ranks.apply(random_edit_batch(graph, 20, rng))
+    for engine in ranks.engines.values():
+        assert engine.recompute_residual() <= 1e-12
+
+
+def test_large_batches_switch_to_global_sweeps_small_ones_stay_local() -> None:
+    synthetic = copying_model_graph(3000, 8.0, seed=5)
+    graph = synthetic.to_linkgraph()
+    ranks = LiveRanks(graph, tolerance=1e-4)
+    ranks.cold_start()
+    rng = np.random.default_rng(6)
+    small = ranks.apply(random_edit_batch(graph, 4, rng))
+    assert {r.mode for r in small.values()} == {"local"}
+    big = ranks.apply(random_edit_batch(graph, 20_000, rng))
+    assert {r.mode for r in big.values()} == {"global"}
+    for name, report in {**small, **big}.items():
+        assert report.fresh and report.work > 0, name
+
+
+def test_warm_restart_from_published_vectors() -> None:
+    synthetic = copying_model_graph(500, 6.0, seed=7)
+    graph = synthetic.to_linkgraph()
+    ranks = LiveRanks(graph, tolerance=1e-9)
+    cold = ranks.cold_start()
+    assert {r.mode for r in cold.values()} == {"cold"}
+    assert all(r.moved_ids.size == graph.num_live for r in cold.values())
+    saved = {name: ranks.scores(name).copy() for name in ranks.engines}
+    again = LiveRanks(graph, tolerance=1e-9)
+    warm = again.cold_start(warm=saved)
+    for name, report in warm.items():
+        assert report.fresh and report.mode == "local" and report.pushes == 0
+        assert again.scores(name) == pytest.approx(saved[name], abs=1e-12)
+    noisy = {name: vector * 1.3 for name, vector in saved.items()}
+    third = LiveRanks(graph, tolerance=1e-9)
+    for name, report in third.cold_start(warm=noisy).items():
+        exact = exact_scores(graph, name)
+        assert report.fresh
+        assert np.abs(third.scores(name) - exact).sum() <= report.bound + 1e-9 * exact.sum()
+
+
+def test_bad_arguments_are_input_errors() -> None:
+    with pytest.raises(InputError):
+        LiveRanks(algorithms=("hits",))
+    with pytest.raises(InputError):
+        LiveRanks(damping=1.0)
+    with pytest.raises(InputError):
+        LiveRanks(tolerance=0.0)
+    ranks = LiveRanks(algorithms=("pagerank",))
+    with pytest.raises(InputError):
+        ranks.scores("wpr")
+    with pytest.raises(InputError):
+        ranks.apply(EdgeBatch(insert_src=np.array([0]), insert_dst=np.array([1])))

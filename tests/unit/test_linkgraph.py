@@ -1,0 +1,201 @@
+"""LinkGraph against a plain Python model (sets of pairs) under random operations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from ranker.linkgraph import EdgeBatch, LinkGraph
+from rankstream.errors import InputError
+
+Pair = tuple[int, int]
+pair_lists = st.lists(st.tuples(st.integers(0, 11), st.integers(0, 11)), max_size=30)
+
+
+def as_pairs(src: np.ndarray, dst: np.ndarray) -> list[Pair]:
+    return list(zip(src.tolist(), dst.tolist(), strict=True))
+
+
+def batch_of(inserts: list[Pair], deletes: list[Pair], removed: list[int]) -> EdgeBatch:
+    return EdgeBatch(
+        insert_src=np.array([p[0] for p in inserts], dtype=np.int32),
+        insert_dst=np.array([p[1] for p in inserts], dtype=np.int32),
+        delete_src=np.array([p[0] for p in deletes], dtype=np.int32),
+        delete_dst=np.array([p[1] for p in deletes], dtype=np.int32),
+        removed_pages=np.array(removed, dtype=np.int32),
+    )
+
+
+class LinkGraphMachine(RuleBasedStateMachine):
+    """Every operation is mirrored on ``links`` (a set of pairs) and ``live`` (a set)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.graph = LinkGraph()
+        self.links: set[Pair] = set()
+        self.live: set[int] = set()
+        self.live_at_apply: set[int] = set()
+
+    @initialize(size=st.integers(0, 8), edges=pair_lists)
+    def bulk_load(self, size: int, edges: list[Pair]) -> None:
+        keys = [f"https://h{i % 3}.test/{i}" for i in range(size)]
+        edges = [(s % size, d % size) for s, d in edges] if size else []
+        self.graph = LinkGraph.from_id_edges(
+            np.array([e[0] for e in edges], dtype=np.int32),
+            np.array([e[1] for e in edges], dtype=np.int32), keys)
+        self.links = {e for e in edges if e[0] != e[1]}
+        self.live = set(range(size))
+        self.live_at_apply = set(self.live)
+
+    @rule(count=st.integers(1, 4))
+    def intern_new(self, count: int) -> None:
+        for _ in range(count):
+            key = f"https://new.test/{self.graph.num_ids}"
+            page = self.graph.intern(key)
+            assert page == self.graph.num_ids - 1
+            assert self.graph.intern(key) == page
+            self.live.add(page)
+
+    @precondition(lambda self: self.graph.num_ids > 0)
+    @rule(data=st.data())
+    def revive_by_intern(self, data: st.DataObject) -> None:
+        page = data.draw(st.integers(0, self.graph.num_ids - 1))
+        assert self.graph.intern(self.graph.key_of(page)) == page
+        self.live.add(page)
+
+    @precondition(lambda self: self.graph.num_ids > 1)
+    @rule(inserts=pair_lists, deletes=pair_lists, removed=st.lists(st.integers(0, 11), max_size=3),
+          existing=st.integers(0, 12))
+    def apply_batch(self, inserts: list[Pair], deletes: list[Pair], removed: list[int],
+                    existing: int) -> None:
+        n = self.graph.num_ids
+        inserts = [(s % n, d % n) for s, d in inserts]
+        deletes = [(s % n, d % n) for s, d in deletes] + sorted(self.links, reverse=True)[:existing]
+        removed = [p % n for p in removed]
+        before, live_before = set(self.links), set(self.live)
+
+        gone = set(removed) & self.live
+        self.links = {e for e in self.links if e[0] not in gone and e[1] not in gone}
+        self.live -= gone
+        self.links -= set(deletes)
+        for s, d in inserts:
+            if s != d:
+                self.links.add((s, d))
+                self.live |= {s, d}
+
+        applied = self.graph.apply(batch_of(inserts, deletes, removed))
+        inserted, deleted = as_pairs(applied.inserted_src, applied.inserted_dst), as_pairs(
+            applied.deleted_src, applied.deleted_dst)
+        assert sorted(inserted) == sorted(self.links - before)
+        assert sorted(deleted) == sorted(before - self.links)
+        assert sorted(applied.removed_pages.tolist()) == sorted(gone)
+        expected_new = (self.live - self.live_at_apply) | (gone & self.live)
+        assert sorted(applied.new_pages.tolist()) == sorted(expected_new)
+        assert live_before >= gone
+        self.live_at_apply = set(self.live)
+
+    @rule()
+    def compact(self) -> None:
+        self.graph.compact()
+
+    @invariant()
+    def same_graph(self) -> None:
+        g = self.graph
+        n = g.num_ids
+        assert g.num_links == len(self.links)
+        assert set(np.flatnonzero(g.live_mask()).tolist()) == self.live
+        for page in range(n):
+            assert set(g.out_links(page).tolist()) == {d for s, d in self.links if s == page}
+            assert set(g.in_links(page).tolist()) == {s for s, d in self.links if d == page}
+            assert g.out_degree(page) == len(g.out_links(page))
+        matrix = g.to_csr()
+        assert matrix.shape == (n, n)
+        rows, cols = matrix.nonzero()
+        assert set(zip(rows.tolist(), cols.tolist(), strict=True)) == self.links
+        assert (matrix.data == 1.0).all()
+        for s, d in list(self.links)[:5]:
+            assert g.has_link(s, d)
+        if n > 1:
+            assert not g.has_link(0, 0)
+        assert g.memory_bytes() > 0
+        g.check_integrity()
+
+
+TestLinkGraphMachine = LinkGraphMachine.TestCase
+TestLinkGraphMachine.settings = settings(max_examples=80, stateful_step_count=15, deadline=None,
+                                         suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_from_edges_interns_keys_and_drops_self_links_and_duplicates() -> None:
+    graph = LinkGraph.from_edges(["a", "a", "b", "c", "c"], ["b", "b", "c", "c", "a"])
+    assert graph.num_ids == 3
+    assert graph.num_links == 3
+    a, b, c = (graph.intern(k) for k in "abc")
+    assert graph.has_link(a, b) and graph.has_link(b, c) and graph.has_link(c, a)
+    assert not graph.has_link(c, c)
+    assert graph.key_of(b) == "b"
+    assert graph.id_of("zzz") is None
+
+
+def test_intern_revives_removed_page_and_reports_it_new() -> None:
+    graph = LinkGraph.from_edges(["a", "b"], ["b", "a"])
+    b = graph.id_of("b")
+    assert b is not None
+    applied = graph.apply(EdgeBatch(removed_pages=np.array([b])))
+    assert applied.removed_pages.tolist() == [b]
+    assert applied.deleted_src.size == 2
+    assert not graph.is_live(b) and graph.num_links == 0
+    assert graph.intern("b") == b and graph.is_live(b)
+    applied = graph.apply(EdgeBatch())
+    assert applied.new_pages.tolist() == [b]
+
+
+def test_delete_and_reinsert_in_one_batch_is_no_change() -> None:
+    graph = LinkGraph.from_edges(["a"], ["b"])
+    a, b = graph.intern("a"), graph.intern("b")
+    applied = graph.apply(EdgeBatch(insert_src=np.array([a]), insert_dst=np.array([b]),
+                                    delete_src=np.array([a]), delete_dst=np.array([b])))
+    assert applied.inserted_src.size == 0 and applied.deleted_src.size == 0
+    assert graph.has_link(a, b) and graph.num_links == 1
+
+
+def test_rows_grow_past_capacity_and_compact_reclaims_garbage() -> None:
+    graph = LinkGraph()
+    hub = graph.intern("hub")
+    pages = graph.intern_many([f"p{i}" for i in range(3000)])
+    for chunk in np.array_split(pages, 30):
+        graph.apply(EdgeBatch(insert_src=chunk, insert_dst=np.full(chunk.size, hub),
+                              delete_src=np.full(chunk.size, hub), delete_dst=chunk))
+        graph.apply(EdgeBatch(insert_src=np.full(chunk.size, hub), insert_dst=chunk))
+    assert graph.in_degree(hub) == 3000 and graph.out_degree(hub) == 3000
+    assert set(graph.in_links(hub).tolist()) == set(pages.tolist())
+    graph.compact()
+    assert graph.memory_bytes() / graph.num_links <= 40
+    # Deleting from the middle of big rows keeps both directions consistent.
+    graph.apply(EdgeBatch(delete_src=pages[::2], delete_dst=np.full(1500, hub)))
+    assert set(graph.in_links(hub).tolist()) == set(pages[1::2].tolist())
+    assert all(graph.out_links(int(p)).tolist() == [] for p in pages[::2])
+    assert graph.num_links == 4500
+
+
+def test_memory_per_link_of_bulk_loaded_graph() -> None:
+    rng = np.random.default_rng(0)
+    src = rng.integers(0, 5000, 50_000)
+    dst = rng.integers(0, 5000, 50_000)
+    graph = LinkGraph.from_id_edges(src, dst, [str(i) for i in range(5000)])
+    assert graph.memory_bytes() / graph.num_links <= 40
+
+
+def test_bad_batches_are_input_errors() -> None:
+    graph = LinkGraph.from_edges(["a"], ["b"])
+    with pytest.raises(InputError):
+        graph.apply(EdgeBatch(insert_src=np.array([0]), insert_dst=np.array([7])))
+    with pytest.raises(InputError):
+        EdgeBatch(insert_src=np.array([0, 1]), insert_dst=np.array([1]))
+    with pytest.raises(InputError):
+        EdgeBatch(removed_pages=np.array([0.5]))
+    with pytest.raises(InputError):
+        LinkGraph.from_edges(["a"], [])

@@ -1,0 +1,305 @@
+"""The event schema: decoding, stable error reasons, limits, encoding, JSON-lines files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from producer.schema import (
+    DEFAULT_LIMITS,
+    Limits,
+    LinkAddedEvent,
+    LinkRemovedEvent,
+    PageEvent,
+    PageRemovedEvent,
+    decode_event,
+    encode_event,
+    event_key,
+    iter_events,
+    make_event,
+)
+from rankstream.errors import InputError
+from rankstream.settings import Settings
+
+
+def raw(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False).encode("utf-8")
+
+
+def reason(data: bytes, limits: Limits = DEFAULT_LIMITS) -> str:
+    with pytest.raises(InputError) as info:
+        decode_event(data, limits)
+    return str(info.value)
+
+
+PAGE = {"type": "page", "url": "https://example.org/", "links": ["https://example.org/a"]}
+
+
+# --- the four event types ------------------------------------------------------------
+
+
+def test_page_event_canonicalises_dedups_and_drops_self_links() -> None:
+    event = decode_event(raw({
+        "type": "page", "url": "HTTPS://Example.org:443/#top", "title": "Home", "ts": 5,
+        "links": ["https://example.org/a", "https://EXAMPLE.org/a#x", "https://example.org/",
+                  {"url": "https://example.org/b", "text": "Bee"}, "https://example.org/c",
+                  {"url": "https://example.org/c", "text": "late anchor"}],
+    }))
+    assert isinstance(event, PageEvent)
+    assert event.url == "https://example.org/"
+    assert event.links == ("https://example.org/a", "https://example.org/b",
+                           "https://example.org/c")
+    assert event.anchors == (("https://example.org/b", "Bee"),
+                             ("https://example.org/c", "late anchor"))
+    assert (event.title, event.ts, event.v) == ("Home", 5, 1)
+    assert event_key(event) == b"https://example.org/"
+
+
+def test_link_and_removal_events() -> None:
+    added = decode_event(raw({"type": "link_added", "src": "http://A.org", "dst": "http://b.org"}))
+    assert isinstance(added, LinkAddedEvent)
+    assert (added.src, added.dst) == ("http://a.org/", "http://b.org/")
+    assert event_key(added) == b"http://a.org/"
+    gone = decode_event(raw({"type": "link_removed", "src": "http://a.org/", "dst": "http://b/"}))
+    assert isinstance(gone, LinkRemovedEvent)
+    page_gone = decode_event(raw({"type": "page_removed", "url": "http://a.org/x", "ts": 1}))
+    assert isinstance(page_gone, PageRemovedEvent) and event_key(page_gone) == b"http://a.org/x"
+
+
+def test_empty_link_list_is_a_page_without_links() -> None:
+    event = decode_event(raw({"type": "page", "url": "http://a.org/", "links": []}))
+    assert isinstance(event, PageEvent) and event.links == ()
+
+
+def test_unknown_extra_fields_are_ignored_and_models_are_frozen() -> None:
+    event = decode_event(raw({**PAGE, "crawler": "v9", "anchors": "forged", "v": 1}))
+    assert isinstance(event, PageEvent) and event.anchors == ()
+    with pytest.raises(pydantic.ValidationError):
+        event.url = "http://other/"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("ts", "millis"),
+    [
+        (0, 0),
+        (1_700_000_000_123, 1_700_000_000_123),
+        ("2026-01-01T00:00:00Z", 1_767_225_600_000),
+        ("2026-01-01T01:00:00+01:00", 1_767_225_600_000),
+        ("2026-01-01T00:00:00.250", 1_767_225_600_250),  # naive means UTC
+        ("2026-01-01", 1_767_225_600_000),
+    ],
+)
+def test_ts_forms(ts: int | str, millis: int) -> None:
+    assert decode_event(raw({**PAGE, "ts": ts})).ts == millis
+
+
+# --- error reasons: "<category>: <detail>", stable -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"", "malformed JSON: Expecting value at char 0"),
+        (b'{"type": "page",', "malformed JSON: Expecting property name enclosed in double "
+                             "quotes at char 16"),
+        (b"\xff\xfe{}", "not UTF-8: invalid start byte at byte 0"),
+        (b"[1, 2]", "not a JSON object: got array"),
+        (b'"page"', "not a JSON object: got string"),
+        (b"{}", "missing field: type"),
+        (b'{"type": "crawl"}', "unknown type: crawl (expected one of page, link_added, "
+                              "link_removed, page_removed)"),
+        (b'{"type": "page", "links": []}', "missing field: url"),
+        (b'{"type": "page", "url": "http://a/"}', "missing field: links"),
+        (b'{"type": "link_added", "src": "http://a/"}', "missing field: dst"),
+        (b'{"type": "page", "url": 7, "links": []}', "wrong type: url: expected string, "
+                                                     "got integer"),
+        (b'{"type": "page", "url": "http://a/", "links": "http://b/"}',
+         "wrong type: links: expected array, got string"),
+        (b'{"type": "page", "url": "http://a/", "links": [null]}',
+         "wrong type: links[0]: expected URL string or {url, text} object, got null"),
+        (b'{"type": "page", "url": "http://a/", "links": [{"text": "x"}]}',
+         "missing field: links[0].url"),
+        (b'{"type": "page", "url": "http://a/", "links": [{"url": "http://b/", "text": 1}]}',
+         "wrong type: links[0].text: expected string, got integer"),
+        (b'{"type": "page", "url": "http://a/", "links": [], "title": ["t"]}',
+         "wrong type: title: expected string, got array"),
+        (b'{"type": "link_added", "src": "http://a/", "dst": 1.5}',
+         "wrong type: dst: expected string, got number"),
+        (b'{"type": "page", "url": "http://a/", "links": ["/relative"]}',
+         "bad url: links[0]: no scheme (absolute URL required)"),
+        (b'{"type": "page_removed", "url": "ftp://a/"}',
+         "disallowed scheme: url: 'ftp' (allowed: file, http, https)"),
+        (b'{"type": "page_removed", "url": "javascript:alert(1)"}',
+         "disallowed scheme: url: 'javascript' (allowed: file, http, https)"),
+        (b'{"type": "page_removed", "url": "http://a/", "v": 2}',
+         "unsupported version: 2 (supported: 1)"),
+        (b'{"type": "page_removed", "url": "http://a/", "v": "1"}',
+         "unsupported version: '1' (supported: 1)"),
+        (b'{"type": "page_removed", "url": "http://a/", "ts": true}',
+         "bad ts: expected epoch ms (int) or ISO 8601 string, got boolean"),
+        (b'{"type": "page_removed", "url": "http://a/", "ts": 1.5}',
+         "bad ts: expected epoch ms (int) or ISO 8601 string, got number"),
+        (b'{"type": "page_removed", "url": "http://a/", "ts": -1}',
+         "bad ts: -1 out of range (epoch milliseconds expected)"),
+        (b'{"type": "page_removed", "url": "http://a/", "ts": "yesterday"}',
+         "bad ts: not ISO 8601: 'yesterday'"),
+        (b'{"type": "page_removed", "url": "http://a/", "ts": NaN}',
+         "malformed JSON: NaN is not valid JSON"),
+        (b'{"type": "page_removed", "url": "http://a/\\ud800"}',
+         "bad url: url: invalid unicode (lone surrogate)"),
+        (b'{"type": "page", "url": "http://a/", "links": [], "title": "\\udfff"}',
+         "bad text: title: invalid unicode (lone surrogate)"),
+        (b"[" * 100_000, "malformed JSON: nested too deeply"),
+    ],
+)
+def test_error_reasons(data: bytes, expected: str) -> None:
+    assert reason(data) == expected
+
+
+def test_not_bytes() -> None:
+    with pytest.raises(InputError, match="not bytes"):
+        decode_event("{}")  # type: ignore[arg-type]
+
+
+# --- limits ----------------------------------------------------------------------------
+
+
+def test_limits() -> None:
+    limits = Limits(max_url_length=40, max_links_per_page=2, max_message_bytes=200,
+                    allowed_schemes=frozenset({"HTTPS"}))
+    long_url = "https://example.org/" + "x" * 30
+    assert reason(raw({**PAGE, "url": long_url}), limits) == "url too long: url: 50 > 40"
+    assert reason(raw({**PAGE, "links": ["https://a/", long_url]}), limits) == \
+        "url too long: links[1]: 50 > 40"
+    links = ["https://a/1", "https://a/2", "https://a/3"]
+    assert reason(raw({**PAGE, "links": links}), limits) == "too many links: 3 > 2"
+    assert reason(b" " * 201, limits) == "message too large: 201 > 200 bytes"
+    assert reason(raw({**PAGE, "links": ["http://a/"]}), limits) == \
+        "disallowed scheme: links[0]: 'http' (allowed: https)"
+    assert decode_event(raw({**PAGE, "links": links[:2]}), limits)
+
+
+def test_limits_from_settings() -> None:
+    limits = Limits.from_settings(Settings(max_url_length=100, max_links_per_page=5,
+                                           max_message_bytes=4096, allowed_schemes=("https",)))
+    assert limits == Limits(100, 5, 4096, frozenset({"https"}))
+
+
+def test_constructing_models_directly_validates_too() -> None:
+    event = PageEvent(url="HTTP://A.org", links=["http://b.org", "http://a.org/"])  # type: ignore[arg-type]
+    assert event.url == "http://a.org/" and event.links == ("http://b.org/",)
+    with pytest.raises(pydantic.ValidationError):
+        LinkAddedEvent(src="not a url", dst="http://b/")
+    with pytest.raises(InputError, match="bad url: src"):
+        make_event({"type": "link_added", "src": "not a url", "dst": "http://b/"})
+
+
+# --- encoding --------------------------------------------------------------------------
+
+
+def test_encoding_is_compact_and_round_trips_unusual_urls() -> None:
+    weird = 'https://example.org/straße/a b/"quoted"/%2F?q=日本&x=' + "y" * 3000
+    event = decode_event(raw({"type": "page", "url": weird, "ts": "2026-01-01T00:00:00Z",
+                              "links": [{"url": weird + "&more", "text": "ünïcode"}]}))
+    data = encode_event(event)
+    assert data.startswith(b'{"type":"page","v":1,"url":"https://example.org/stra\xc3\x9fe/')
+    assert decode_event(data) == event
+    assert isinstance(event, PageEvent) and event.url == weird
+
+
+urls = st.sampled_from(["http://a.org/", "https://b.org/x?y=1", "file:///tmp/f",
+                        "https://c.org/ü", "http://d.org/a%20b"])
+texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=10)
+events = st.one_of(
+    st.builds(lambda u, ls, t, ts: {"type": "page", "url": u, "links": ls, "title": t, "ts": ts},
+              urls, st.lists(st.one_of(urls, st.builds(lambda u, x: {"url": u, "text": x},
+                                                       urls, texts)), max_size=5),
+              st.one_of(st.none(), texts), st.one_of(st.none(), st.integers(0, 2**42))),
+    st.builds(lambda k, s, d: {"type": k, "src": s, "dst": d},
+              st.sampled_from(["link_added", "link_removed"]), urls, urls),
+    st.builds(lambda u: {"type": "page_removed", "url": u}, urls),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=events)
+def test_encode_decode_round_trip(data: dict[str, Any]) -> None:
+    event = make_event({k: v for k, v in data.items() if v is not None})
+    assert decode_event(encode_event(event)) == event
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=12,
+)
+fields = st.fixed_dictionaries(
+    {"type": st.sampled_from(["page", "link_added", "link_removed", "page_removed", "x"])},
+    optional={"url": st.one_of(urls, json_values), "src": urls, "dst": st.one_of(urls, json_values),
+              "links": st.one_of(st.lists(st.one_of(urls, json_values), max_size=4), json_values),
+              "ts": json_values, "v": json_values, "title": json_values},
+)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.one_of(st.binary(max_size=200), fields.map(raw), json_values.map(raw)))
+def test_fuzz_decode_only_ever_returns_an_event_or_raises_input_error(data: bytes) -> None:
+    try:
+        event = decode_event(data)
+    except InputError as exc:
+        assert str(exc) and "\n" not in str(exc)
+        return
+    assert decode_event(encode_event(event)) == event
+
+
+# --- JSON-lines files ------------------------------------------------------------------
+
+
+def write_lines(path: Path, lines: list[bytes], gzipped: bool) -> Path:
+    data = b"\n".join(lines) + b"\n"
+    path.write_bytes(gzip.compress(data) if gzipped else data)
+    return path
+
+
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_iter_events_plain_and_gzip(tmp_path: Path, gzipped: bool) -> None:
+    path = write_lines(tmp_path / "log.jsonl", [raw(PAGE), b"", b"  ", raw(PAGE)], gzipped)
+    assert [line for line, _ in iter_events(path)] == [1, 4]
+
+
+def test_iter_events_bad_line_names_file_and_line(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "log.jsonl.gz", [raw(PAGE), b"{oops", raw(PAGE)], True)
+    seen = []
+    with pytest.raises(InputError) as info:
+        for line, _ in iter_events(path):
+            seen.append(line)
+    assert seen == [1]
+    assert info.value.where == f"{path}:2"
+    assert str(info.value) == f"{path}:2: malformed JSON: Expecting property name enclosed " \
+                              "in double quotes at char 1"
+
+
+def test_iter_events_unreadable(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="cannot read"):
+        list(iter_events(tmp_path / "missing.jsonl"))
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(gzip.compress(raw(PAGE) + b"\n" * 10)[:-12])
+    with pytest.raises(InputError, match="cannot read"):
+        list(iter_events(broken))
+
+
+def test_shipped_demo_data_is_valid() -> None:
+    path = Path(__file__).resolve().parents[2] / "data" / "python-docs-pages.jsonl.gz"
+    decoded = [event for _, event in iter_events(path)]
+    assert len(decoded) == 530
+    assert all(isinstance(event, PageEvent) for event in decoded)
+    assert sum(len(event.links) for event in decoded if isinstance(event, PageEvent)) == 16014
+    assert path.stat().st_size < 1_000_000

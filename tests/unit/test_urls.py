@@ -1,0 +1,122 @@
+"""URL canonicalisation: exactly the documented rules, nothing more."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from producer.urls import (
+    UrlError,
+    _canonicalize,
+    _canonicalize_cached,
+    already_canonical_lines_matcher,
+    canonicalize_url,
+)
+
+
+@pytest.mark.parametrize(
+    ("raw", "canonical"),
+    [
+        # lower-case scheme and host
+        ("HTTP://Example.COM/Path", "http://example.com/Path"),
+        ("HtTpS://WWW.Example.org/A/B?Q=X", "https://www.example.org/A/B?Q=X"),
+        # drop fragments
+        ("https://example.org/page#section-2", "https://example.org/page"),
+        ("https://example.org/page?q=1#", "https://example.org/page?q=1"),
+        # default ports go, others stay
+        ("http://example.org:80/x", "http://example.org/x"),
+        ("https://example.org:443/x", "https://example.org/x"),
+        ("http://example.org:443/x", "http://example.org:443/x"),
+        ("https://example.org:80/x", "https://example.org:80/x"),
+        ("http://example.org:8080/x", "http://example.org:8080/x"),
+        ("http://example.org:/x", "http://example.org/x"),
+        # an empty http(s) path is "/"
+        ("https://example.org", "https://example.org/"),
+        ("https://example.org?q=1", "https://example.org/?q=1"),
+        ("https://example.org:443", "https://example.org/"),
+        # everything else is kept byte for byte
+        ("https://example.org/a%2fb%2F", "https://example.org/a%2fb%2F"),
+        ("https://example.org/?b=2&a=1&a=0", "https://example.org/?b=2&a=1&a=0"),
+        ("https://example.org/a/../b/./c", "https://example.org/a/../b/./c"),
+        ("https://example.org/a b/\"q\"/'s'", "https://example.org/a b/\"q\"/'s'"),
+        ("https://example.org/straße?q=日本語", "https://example.org/straße?q=日本語"),
+        ("https://example.org/x?", "https://example.org/x?"),
+        ("https://User:PassWord@Example.org/", "https://User:PassWord@example.org/"),
+        ("http://[2001:DB8::1]:80/x", "http://[2001:db8::1]/x"),
+        ("http://[::1]:8080/", "http://[::1]:8080/"),
+        # IDNA: lower-cased but never converted either way
+        ("https://Bücher.DE/", "https://bücher.de/"),
+        ("https://xn--bcher-kva.de/", "https://xn--bcher-kva.de/"),
+        # file and other schemes
+        ("FILE:///tmp/Some File.txt", "file:///tmp/Some File.txt"),
+        ("file:/tmp/x", "file:/tmp/x"),
+        ("mailto:Someone@Example.org", "mailto:Someone@Example.org"),
+    ],
+)
+def test_canonical_form(raw: str, canonical: str) -> None:
+    assert canonicalize_url(raw) == canonical
+    assert canonicalize_url(canonical) == canonical
+
+
+def test_very_long_query_round_trips() -> None:
+    url = "https://example.org/search?" + "&".join(f"k{i}=v%20{i}" for i in range(2000))
+    assert canonicalize_url(url) == url
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        ("", "empty"),
+        ("/relative/path", "no scheme"),
+        ("example.org/x", "no scheme"),
+        ("1http://x/", "no scheme"),
+        ("http:example.org", "missing host"),
+        ("https:///path", "missing host"),
+        ("http://exa mple.org/", "whitespace in host"),
+        ("http://example.org:80a/", "invalid port"),
+        ("http://example.org:99999/", "port out of range"),
+        ("http://a:1:2/", "invalid port"),
+        ("http://[::1/", "unterminated IPv6"),
+        ("http://example.org/a\tb", "control character"),
+        ("http://example.org/a\nb", "control character"),
+        ("http://example.org/\x7f", "control character"),
+        (" http://example.org/", "leading or trailing whitespace"),
+        ("http://example.org/ ", "leading or trailing whitespace"),
+        ("http://example.org/\ud800", "lone surrogate"),
+    ],
+)
+def test_rejected(raw: str, reason: str) -> None:
+    with pytest.raises(UrlError, match=reason):
+        canonicalize_url(raw)
+
+
+def test_non_string_rejected() -> None:
+    with pytest.raises(UrlError, match="expected a string"):
+        canonicalize_url(b"http://x/")  # type: ignore[arg-type]
+
+
+URL_CHARS = st.sampled_from([*"aAzZ09-._~:/?#[]@!$&'()*+,;=% \n", "é", "日"])
+url_like = st.builds(
+    lambda scheme, host, port, rest: f"{scheme}://{host}{port}{rest}",
+    st.sampled_from(["http", "HTTP", "https", "HttpS", "file", "ftp"]),
+    st.sampled_from(["example.org", "Example.ORG", "", "bücher.de", "[::1]", "u@h.org"]),
+    st.sampled_from(["", ":80", ":443", ":8080", ":"]),
+    st.text(URL_CHARS, max_size=30),
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(url=st.one_of(url_like, st.text(max_size=40)))
+def test_idempotent_and_fast_path_agrees_with_parser(url: str) -> None:
+    try:
+        slow = _canonicalize(url)
+    except UrlError:
+        with pytest.raises(UrlError):
+            _canonicalize_cached(url)
+        return
+    assert _canonicalize_cached(url) == slow
+    assert _canonicalize(slow) == slow
+    matcher = already_canonical_lines_matcher(frozenset({"http", "https", "file"}))
+    if matcher(url) is not None:
+        assert slow == url  # the one-regex shortcut only vouches for canonical URLs
