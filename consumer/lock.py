@@ -177,13 +177,12 @@ class ConsumerLock:
                 pipe.execute()
                 return True
             except redis.WatchError:
-                return self.renew_unlocked_check()
-
-    def renew_unlocked_check(self) -> bool:
-        ours = self.client.get(self.key) == self.value
-        if not ours:
-            self.lost.set()
-        return ours
+                # The key changed between WATCH and EXEC: only expiry or a foreign SET
+                # can do that while we hold the mutex.
+                ours = self.client.get(self.key) == self.value
+                if not ours:
+                    self.lost.set()
+                return ours
 
     def start_renewal(self) -> None:
         """Renew every ttl/3 from a daemon thread until :meth:`release`."""

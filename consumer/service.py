@@ -57,6 +57,7 @@ log = logging.getLogger("rankstream.consumer")
 T = TypeVar("T")
 
 RETRYABLE = (redis.ConnectionError, redis.TimeoutError, ServiceUnavailable)
+MAX_IDLE_REFRESHES = 5  # extra refreshes before a --until-caught-up exit
 
 
 @dataclass(frozen=True)
@@ -285,6 +286,7 @@ class ConsumerService:
                 batch = self.fetch()
             if batch is None:
                 self._await_publication()
+                self.refresh_if_stale()
                 self._heartbeat()
                 return 0
             self.process(batch)
@@ -342,6 +344,25 @@ class ConsumerService:
     def drain(self) -> None:
         """Wait for the last publication (called before a clean exit)."""
         self._await_publication()
+        if self.stop_reason == "caught-up":
+            for _ in range(MAX_IDLE_REFRESHES):
+                if not self.refresh_if_stale():
+                    break
+
+    def refresh_if_stale(self) -> bool:
+        """While idle: if a published vector is not fresh, refine and publish it again.
+
+        A refresh can end unfresh (the global mode's sweep cap); with no new events
+        nothing else would tighten it. Returns True if a refresh was done.
+        """
+        mirror = self.mirror
+        if mirror is None or all(self.stats.fresh.get(a, True) for a in mirror.start_reports):
+            return False
+        from ranker.linkgraph import EdgeBatch
+
+        reports = mirror.ranks.apply(EdgeBatch())
+        self._publish(reports, ())
+        return True
 
     def _await_publication(self) -> None:
         pending, self._publishing = self._publishing, None

@@ -24,6 +24,7 @@ from rankstream.settings import load_settings
 # runs, so `rankstream rank` never pays for Kafka or Redis imports.
 COMMANDS: dict[str, tuple[str, str]] = {
     "rank": ("rankstream.rank_command", "rank an edge list offline (no services)"),
+    "produce": ("producer.cli", "publish an event log or a synthetic stream to Kafka"),
     "services": (
         "rankstream.services.command",
         "start, stop or inspect the local Kafka broker and redis-server",

@@ -109,3 +109,15 @@ def test_bookkeeping_ends_with_counters_and_offsets():
 
 def test_offset_field_round_trips_dotted_topics():
     assert parse_offset_field(offset_field("rankstream.links", 3)) == ("rankstream.links", 3)
+
+
+def test_new_pages_travel_as_one_script_call_or_plain_hsets():
+    from consumer.graph_write import NEW_PAGES_SCRIPT, new_pages_commands
+
+    pages = [(0, "https://a.org/"), (1, "https://b.org/x?q=1 2")]
+    (cmd,) = new_pages_commands(KEYS, pages, bulk=True)
+    assert cmd[:5] == ("EVAL", NEW_PAGES_SCRIPT, 0, "t:page:id", "t:page:url")
+    assert np.frombuffer(cmd[5], "<i4").tolist() == [0, 1]
+    assert cmd[6].split("\n") == ["https://a.org/", "https://b.org/x?q=1 2"]
+    plain = new_pages_commands(KEYS, pages, bulk=False)
+    assert plain[0] == ("HSET", "t:page:id", "https://a.org/", 0, "https://b.org/x?q=1 2", 1)

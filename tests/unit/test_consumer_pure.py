@@ -90,3 +90,17 @@ def test_lag_and_rates():
     stats.record_batch(10, 100, 0.01)
     fields = stats.status_fields(topic="t", version=1, stale_ignored=2, dlq_total=3)
     assert fields["events"] == "10" and fields["dlq"] == "3" and json.loads(fields["lag"]) == {}
+
+
+def test_bulk_score_commands_pack_scores_and_join_urls():
+    from consumer.score_publisher import ZADD_SCRIPT
+
+    keys = Keys("p:")
+    urls = ["u0", "u1"]
+    cmds, written, removed = score_commands(
+        keys, "wpr", np.array([1, 0], np.int32), np.array([0.25, 1 / 3]), np.array([True, True]),
+        urls.__getitem__, bulk=True)
+    ((verb, script, nkeys, zkey, packed, members),) = cmds
+    assert (verb, script, nkeys, zkey) == ("EVAL", ZADD_SCRIPT, 0, "p:scores:wpr")
+    assert np.frombuffer(packed, "<f8").tolist() == [0.25, 1 / 3]
+    assert members == "u1\nu0" and (written, removed) == (2, 0)
