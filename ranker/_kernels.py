@@ -235,6 +235,38 @@ def gather_rows(nodes, start, length, nbr):
 
 
 @njit(cache=True)
+def union_with_rows(pages, rows_of, start, length, nbr, mark):
+    """Distinct ids among ``pages`` and the rows of ``rows_of`` (e.g. their in-links).
+
+    ``mark`` is a scratch bool array, all False on entry and on return; this avoids
+    sorting what can be millions of repeated ids (the in-neighbours of hubs).
+    """
+    total = pages.size
+    for k in range(rows_of.size):
+        total += length[rows_of[k]]
+    out = np.empty(total, dtype=np.int32)
+    count = 0
+    for k in range(pages.size):
+        v = pages[k]
+        if not mark[v]:
+            mark[v] = True
+            out[count] = v
+            count += 1
+    for k in range(rows_of.size):
+        v = rows_of[k]
+        base = start[v]
+        for i in range(length[v]):
+            u = nbr[base + i]
+            if not mark[u]:
+                mark[u] = True
+                out[count] = u
+                count += 1
+    for k in range(count):
+        mark[out[k]] = False
+    return out[:count]
+
+
+@njit(cache=True)
 def rows_flat(start, length, nbr, num_nodes, indptr):
     """CSR indices of rows ``0..num_nodes-1`` given their ``indptr``."""
     out = np.empty(indptr[num_nodes], dtype=np.int32)

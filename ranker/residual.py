@@ -110,12 +110,14 @@ class ResidualEngine:
         self.base = np.zeros(0)  # b: 1 - d on live pages, 0 elsewhere
         self.inq = np.zeros(0, dtype=np.bool_)
         self.is_touched = np.zeros(0, dtype=np.bool_)
+        self.is_marked = np.zeros(0, dtype=np.bool_)  # scratch of columns()
         self.touched = np.zeros(0, dtype=np.int32)
         self.queue = np.zeros(16, dtype=np.int32)
         self.qstate = np.zeros(K.QSTATE_SLOTS, dtype=np.int64)
         self.l1 = 0.0  # running ||r||_1, exact after every refresh
         self.pending_work = 0
         self.rescan = False  # queue every page above the threshold at the next refresh
+        self.eps_scale = 1.0  # push threshold in units of its floor (adapted per refresh)
         self.total = 0.0
         self.y_max = 0.0
         self.bound = 0.0
@@ -127,7 +129,8 @@ class ResidualEngine:
         if num_ids <= self._cap:
             return
         cap = max(num_ids, self._cap + (self._cap >> 1), 16)
-        for name in ("y", "r", "published", "si", "so", "base", "inq", "is_touched", "touched"):
+        for name in ("y", "r", "published", "si", "so", "base", "inq", "is_touched", "touched",
+                     "is_marked"):
             old = getattr(self, name)
             new = np.zeros(cap, dtype=old.dtype)
             new[: old.size] = old
@@ -159,8 +162,9 @@ class ResidualEngine:
         if self.kind == K.KIND_PAGERANK:
             return sources
         g = self.graph
-        parts = [sources, g.gather_in(sources), g.gather_in(targets)]
-        return np.unique(np.concatenate(parts)).astype(np.int32)
+        self._ensure(g.num_ids)
+        ends = np.concatenate([sources, targets]).astype(np.int32)
+        return K.union_with_rows(sources, ends, g.in_start, g.in_len, g.in_nbr, self.is_marked)
 
     def retract(self, cols: np.ndarray) -> None:
         """Subtract the current contribution of ``cols`` (before the graph changes)."""
@@ -238,12 +242,16 @@ class ResidualEngine:
     def _thresholds(self, total: float, y_max: float, live_count: int) -> tuple[float, float]:
         """(allowed ||r||_1, push threshold on |r[m]|) for the current sum and max of y.
 
-        Once every ``|r[m]| <= target / live pages`` the L1 target holds; with
-        ``max_error`` the threshold also makes :meth:`_max_abs_bound` at most it.
+        The threshold adapts between refreshes (:attr:`eps_scale`): pushing only
+        residuals well above the dust is what keeps a refresh local, and the dust
+        left behind must stay under the L1 target. Its floor, ``target / live
+        pages``, always reaches the target. With ``max_error`` it is also capped so
+        that :meth:`_max_abs_bound` is at most ``max_error``.
         """
         d = self.damping
         target = self.tolerance * (1.0 - d) * total
-        eps = target / live_count
+        floor = target / live_count
+        eps = min(max(floor * self.eps_scale, floor), target)
         if self.max_error is not None:
             eps = min(eps, self.max_error * (1.0 - d) / (max(y_max, 1.0 - d) + self.max_error))
         return target, eps
@@ -277,22 +285,21 @@ class ResidualEngine:
         # maximum after every pass, so an underestimate here only costs a pass.
         y_max = self.y_max
         budget = int(self.local_work * max(g.num_links, 1)) + 10_000
-        stop_early = self.max_error is None
         if self.rescan:
             K.enqueue_above(n, self._thresholds(total, y_max, live_count)[1], self.r,
                             self.queue, self.qstate, self.inq)
             self.rescan = False
+        lowered = False
         while True:
             target, eps = self._thresholds(total, y_max, live_count)
             if mode == "local":
-                stop = 0.9 * target if stop_early else -1.0
-                p, w, self.l1 = K.push_queue(self.kind, d, eps, budget - work, stop, self.l1,
+                p, w, self.l1 = K.push_queue(self.kind, d, eps, budget - work, -1.0, self.l1,
                                              self.y, self.r, *self._arrays(), self.queue,
                                              self.qstate, self.inq, self.touched, self.is_touched)
                 pushes += p
                 work += w
                 l1, peak = K.abs_stats(self.r, n)
-                if self.qstate[K.Q_SIZE] > 0 and work > budget:
+                if self.qstate[K.Q_SIZE] > 0:  # out of budget: the change is not local
                     mode = "global"
                     K.clear_queue(self.queue, self.qstate, self.inq)
             else:
@@ -308,10 +315,16 @@ class ResidualEngine:
                 break
             if mode == "global" and sweeps >= self.max_sweeps:
                 break  # reported as not fresh
-            # Residual left over from earlier refreshes can hold the bound above target.
-            if mode == "local" and self.qstate[K.Q_SIZE] == 0 and K.enqueue_above(
-                    n, eps, self.r, self.queue, self.qstate, self.inq) == 0:
+            if peak <= eps and l1 > target:
+                # The dust below the threshold alone exceeds the target: go finer.
+                self.eps_scale = max(self.eps_scale / 4.0, 1.0)
+                lowered = True
+                target, eps = self._thresholds(total, y_max, live_count)
+            if mode == "local" and K.enqueue_above(n, eps, self.r, self.queue, self.qstate,
+                                                   self.inq) == 0:
                 break  # only rounding noise is left; reported as not fresh
+        if not lowered and l1 < 0.25 * target:
+            self.eps_scale *= 2.0  # plenty of room: push less next time
         live = g.live_mask()
         moved = K.collect_moved(self.touched, self.qstate, self.is_touched, live, self.y,
                                 self.published, self.publish_threshold)

@@ -25,6 +25,8 @@ from rankstream.settings import load_settings
 COMMANDS: dict[str, tuple[str, str]] = {
     "rank": ("rankstream.rank_command", "rank an edge list offline (no services)"),
     "produce": ("producer.cli", "publish an event log or a synthetic stream to Kafka"),
+    "hits": ("consumer.hits_cli", "HITS hubs and authorities for query terms or --seed URLs"),
+    "serve": ("consumer.serve_cli", "run the HTTP query API (FastAPI on uvicorn)"),
     "services": (
         "rankstream.services.command",
         "start, stop or inspect the local Kafka broker and redis-server",
