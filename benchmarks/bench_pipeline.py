@@ -158,12 +158,13 @@ def floors(client: redis_py.Redis, settings: Settings, batch_links: int) -> tupl
 
 
 def run_latency(settings: Settings, stream: Sequence[tuple[bytes, bytes, int]],
-                rate_events: float, env: dict[str, str]) -> dict[str, float]:
+                rate_events: float, env: dict[str, str], log_path: str) -> dict[str, float]:
     client = connect_redis(settings)
     keys = Keys(settings.key_prefix)
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "consumer", "consume"], env=env,
-                            stderr=subprocess.DEVNULL)
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "consumer", "consume"], env=env,
+                                stderr=log_file)
     try:
         while client.hget(keys.status, "state") != b"running" or \
                 client.hget(keys.status, "pid") != str(proc.pid).encode():
@@ -241,6 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "throughput, at most half the 100k target)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="keep the topic and keys")
+    parser.add_argument("--consumer-log", default="bench_pipeline_consumer.log",
+                        help="JSON log of the latency phase's consumer process")
     args = parser.parse_args(argv)
 
     base = load_settings()
@@ -282,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "RANKSTREAM_KEY_PREFIX": settings.key_prefix})
         say(f"latency: {count:,} events at {rate_events:,.0f} events/s "
             f"({rate_links:,.0f} link changes/s) ...")
-        latency = run_latency(settings, rest[:count], rate_events, env)
+        latency = run_latency(settings, rest[:count], rate_events, env, args.consumer_log)
 
         say("")
         say(f"{'end-to-end throughput':<44}{result.links_per_s:>12,.0f} link changes/s "

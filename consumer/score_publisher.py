@@ -138,7 +138,8 @@ def score_commands(keys: Keys, algorithm: str, moved_ids: np.ndarray,
     values = np.asarray(moved_scores, dtype=np.float64)
     alive = live[ids] if ids.size else np.zeros(0, dtype=bool)
     add_ids, add_values = ids[alive].tolist(), values[alive].tolist()
-    gone = set(ids[~alive].tolist()) | {int(i) for i in removed_ids}
+    # A page removed by an earlier batch may be live again by now (revived).
+    gone = set(ids[~alive].tolist()) | {int(i) for i in removed_ids if not live[int(i)]}
     cmds: list[tuple[Any, ...]] = []
     if bulk and add_ids:
         urls = [key_of(pid) for pid in add_ids]
@@ -157,6 +158,46 @@ def score_commands(keys: Keys, algorithm: str, moved_ids: np.ndarray,
     for start in range(0, len(gone_urls), ZADD_CHUNK):
         cmds.append(("ZREM", zkey, *gone_urls[start:start + ZADD_CHUNK]))
     return cmds, int(alive.sum()), len(gone_urls)
+
+
+class PendingScores:
+    """Moved pages of refreshes not yet published, merged across batches.
+
+    Publication is coalesced: while one publication is being written, the moved
+    pages of the following batches accumulate here and go out together in the
+    next one (with their scores as of then), so a slow publication never holds up
+    the graph transactions.
+    """
+
+    def __init__(self) -> None:
+        self._moved: dict[str, list[np.ndarray]] = {}
+        self._removed: list[np.ndarray] = []
+        self.reports: dict[str, Any] = {}
+        self.batches = 0
+
+    def add(self, reports: Mapping[str, Any], removed_ids: Sequence[int] | np.ndarray = ()
+            ) -> None:
+        for algorithm, report in reports.items():
+            self._moved.setdefault(algorithm, []).append(
+                np.asarray(report.moved_ids, dtype=np.int64))
+            self.reports[algorithm] = report
+        removed = np.asarray(removed_ids, dtype=np.int64)
+        if removed.size:
+            self._removed.append(removed)
+        self.batches += 1
+
+    def __bool__(self) -> bool:
+        return bool(self.reports)
+
+    def take(self) -> tuple[dict[str, Any], dict[str, np.ndarray], list[int]]:
+        """(latest report per algorithm, distinct moved ids per algorithm, removed ids)."""
+        moved = {alg: np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+                 for alg, parts in self._moved.items()}
+        removed = (np.unique(np.concatenate(self._removed)).tolist()
+                   if self._removed else [])
+        reports = self.reports
+        self._moved, self._removed, self.reports, self.batches = {}, [], {}, 0
+        return reports, moved, removed
 
 
 @dataclass(frozen=True)
@@ -179,24 +220,28 @@ class ScorePublisher:
         self.tolerance = tolerance
         self.publish_threshold = publish_threshold
 
-    def prepare(self, ranks: Any, reports: Mapping[str, Any], *, version: int,
-                offsets: Mapping[str, int], removed_ids: Sequence[int] = ()) -> Publication:
-        """Build the publication of ``reports`` (reads the engines; no I/O).
+    def prepare(self, ranks: Any, pending: PendingScores, *, version: int,
+                offsets: Mapping[str, int]) -> Publication:
+        """Build the publication of everything ``pending`` holds (no I/O); empties it.
 
-        ``ranks`` is the :class:`ranker.LiveRanks` the reports came from (for the
-        graph's URLs, live mask and published vectors). Must run before the graph
-        changes again; :meth:`send` may then run on another thread.
+        Scores are the engines' CURRENT ``y`` of the pending pages, with the meta of
+        the latest refresh. Must run on the thread that applies batches, between two
+        of them; :meth:`send` may then run on another thread.
         """
         graph = ranks.graph
         live = graph.live_mask()
         pages = int(live.sum())
         now = iso_now()
+        reports, moved, removed_ids = pending.take()
         commands: list[tuple[Any, ...]] = []
         summary: list[Published] = []
         for algorithm, report in reports.items():
+            ids = moved[algorithm]
+            scores = np.asarray(ranks.scores(algorithm))
+            values = scores[ids] if ids.size else np.zeros(0)
             cmds, written, removed = score_commands(
-                self.keys, algorithm, report.moved_ids, report.moved_scores, live,
-                graph.key_of, removed_ids, bulk=self.bulk)
+                self.keys, algorithm, ids, values, live, graph.key_of, removed_ids,
+                bulk=self.bulk)
             commands.extend(cmds)
             bound = float(report.bound) + publication_drift(
                 ranks, algorithm, live, self.publish_threshold)
@@ -227,10 +272,3 @@ class ScorePublisher:
                 pipe.execute_command(*cmd)
             pipe.execute()
         return publication.summary
-
-    def publish(self, ranks: Any, reports: Mapping[str, Any], *, version: int,
-                offsets: Mapping[str, int], removed_ids: Sequence[int] = (),
-                fence: Any | None = None) -> list[Published]:
-        """:meth:`prepare` then :meth:`send`."""
-        return self.send(self.prepare(ranks, reports, version=version, offsets=offsets,
-                                      removed_ids=removed_ids), fence=fence)

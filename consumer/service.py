@@ -6,6 +6,10 @@ changes and the next offsets -> apply to the in-memory engines -> publish the
 moved scores and meta (one more MULTI/EXEC) -> commit offsets to Kafka (for lag
 tools only) -> status heartbeat.
 
+Concurrency: the graph transaction runs on a writer thread while the main thread
+polls and decodes the next batch; publications run on a second writer thread and
+are coalesced (batches that finish while one is being written join the next).
+
 Failure handling (the decisions, see docs/redis-keys.md):
 
 * Redis errors around a transaction: the identical write is retried with bounded
@@ -47,7 +51,7 @@ from consumer.keys import Keys
 from consumer.lock import DEFAULT_TTL_MS, ConsumerLock, LockHeld, LockLost
 from consumer.mirror import Mirror, PlannedBatch
 from consumer.redis_store import connect_redis, redis_errors
-from consumer.score_publisher import Publication, ScorePublisher
+from consumer.score_publisher import PendingScores, Publication, ScorePublisher
 from consumer.stats import ConsumerStats, iso_now, lag_by_partition
 from rankstream.errors import InputError, ServiceUnavailable
 from rankstream.settings import Settings
@@ -69,6 +73,7 @@ class ConsumeOptions:
     lock_ttl_ms: int = DEFAULT_TTL_MS
     bulk_writes: bool = True
     status_interval_s: float = 1.0
+    min_publish_interval_s: float = 0.5
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 5.0
     stop_grace_s: float = 30.0
@@ -115,10 +120,15 @@ class ConsumerService:
         self._last_status = 0.0
         self._targets: dict[int, int] | None = None
         self._holding = False  # status is written only while we hold the lease
-        # One writer thread: Redis transactions stay in order, CPU work overlaps them.
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="redis-writer")
+        # Graph transactions run on one writer thread (in order) while the main thread
+        # decodes the next batch; publications run on another, coalesced (see process).
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graph-writer")
+        self._pub_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="score-writer")
         self._prefetched: Fetched | None = None
         self._publishing: Future[None] | None = None
+        self._pending = PendingScores()
+        self._last_publication_end = 0.0
+        self._last_publication_s = 0.0
 
     # -- signals --------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -145,7 +155,11 @@ class ConsumerService:
         attempt = 0
         while True:
             try:
-                return action()
+                result = action()
+                if attempt and self.stats.state == "waiting":
+                    log.info("recovered", extra={"fields": {"what": what, "attempts": attempt}})
+                    self._set_state("running")
+                return result
             except RETRYABLE as exc:
                 attempt += 1
                 self.stats.retries += 1
@@ -236,6 +250,7 @@ class ConsumerService:
 
     def shutdown(self) -> None:
         self._writer.shutdown(wait=True)
+        self._pub_writer.shutdown(wait=True)
         if self._holding:
             self._set_state("stopped", force=True)
         if self.source is not None:
@@ -285,7 +300,7 @@ class ConsumerService:
             if batch is None:
                 batch = self.fetch()
             if batch is None:
-                self._await_publication()
+                self._flush_publications()
                 self.refresh_if_stale()
                 self._heartbeat()
                 return 0
@@ -301,7 +316,6 @@ class ConsumerService:
         planned = mirror.plan(batch.events, batch.next_offsets, len(batch.records),
                               len(batch.letters))
         t_plan = time.perf_counter()
-        self._await_publication()  # the previous batch's, which overlapped our planning
         if batch.letters:
             dlq = self.dlq
             assert dlq is not None
@@ -317,11 +331,8 @@ class ConsumerService:
         t_commit = time.perf_counter()
         reports = mirror.apply_committed(planned)
         t_rank = time.perf_counter()
-        publication = self.publisher.prepare(mirror.ranks, reports,
-                                             version=mirror.counters.version,
-                                             offsets=mirror.offsets_fields(),
-                                             removed_ids=planned.removed_ids.tolist())
-        self._publishing = self._writer.submit(self._send_publication, publication)
+        self._pending.add(reports, planned.removed_ids)
+        self._maybe_publish()
         self._source().commit_for_monitoring(batch.next_offsets)
         done = time.perf_counter()
         self.stats.record_batch(len(batch.records), planned.write.link_changes, done - started)
@@ -330,7 +341,7 @@ class ConsumerService:
             "link_changes": planned.write.link_changes, "version": mirror.counters.version,
             "moved": {a: int(r.moved_ids.size) for a, r in reports.items()},
             "modes": {a: str(r.mode) for a, r in reports.items()},
-            "plan_s": round(t_plan - started, 4), "wait_publish_s": round(t_sent - t_plan, 4),
+            "plan_s": round(t_plan - started, 4), "dlq_s": round(t_sent - t_plan, 4),
             "prefetch_s": round(t_fetch - t_sent, 4), "wait_commit_s": round(t_commit - t_fetch, 4),
             "rank_s": round(t_rank - t_commit, 4), "prepare_s": round(done - t_rank, 4)}})
         self._heartbeat()
@@ -342,8 +353,8 @@ class ConsumerService:
         return all(merged.get(p, 0) >= end for p, end in self._targets.items() if end > 0)
 
     def drain(self) -> None:
-        """Wait for the last publication (called before a clean exit)."""
-        self._await_publication()
+        """Publish everything pending and wait for it (called before a clean exit)."""
+        self._flush_publications()
         if self.stop_reason == "caught-up":
             for _ in range(MAX_IDLE_REFRESHES):
                 if not self.refresh_if_stale():
@@ -365,9 +376,40 @@ class ConsumerService:
         return True
 
     def _await_publication(self) -> None:
-        pending, self._publishing = self._publishing, None
-        if pending is not None:
-            pending.result()
+        in_flight, self._publishing = self._publishing, None
+        if in_flight is not None:
+            in_flight.result()
+
+    def _maybe_publish(self, *, force: bool = False) -> None:
+        """Start a publication of the pending scores unless one is still being written.
+
+        Coalescing: a publication rewrites every page that moved since the last one,
+        which on a fast-changing graph is most pages; batches arriving meanwhile
+        only add to the pending set, so publication cost never throttles the graph.
+        """
+        if self._publishing is not None:
+            if not self._publishing.done():
+                return
+            self._await_publication()  # surfaces its error, if any
+        if not self._pending:
+            return
+        # A publication is one atomic EXEC that holds Redis for its whole length, and
+        # graph transactions queue behind it: after one ends, leave Redis to the graph
+        # for at least as long as it took (and at least min_publish_interval_s).
+        gap = max(self.options.min_publish_interval_s, self._last_publication_s)
+        if not force and time.monotonic() - self._last_publication_end < gap:
+            return
+        mirror = self._mirror()
+        publication = self.publisher.prepare(mirror.ranks, self._pending,
+                                             version=mirror.counters.version,
+                                             offsets=mirror.offsets_fields())
+        self._publishing = self._pub_writer.submit(self._send_publication, publication)
+
+    def _flush_publications(self) -> None:
+        """Wait for the publication in flight, then publish what is pending and wait."""
+        self._await_publication()
+        self._maybe_publish(force=True)
+        self._await_publication()
 
     def _commit(self, planned: PlannedBatch) -> None:
         mirror = self._mirror()
@@ -404,6 +446,7 @@ class ConsumerService:
     def _rebuild(self) -> None:
         with contextlib.suppress(Exception):  # whatever was in flight is void now
             self._await_publication()
+        self._pending = PendingScores()  # the rebuilt mirror republishes every page
         self._prefetched = None
         old = self._mirror()
         warm = {alg: old.ranks.scores(alg) for alg in old.start_reports}
@@ -414,15 +457,10 @@ class ConsumerService:
         self._retry("seeking", lambda: self._source().seek(self._mirror().offsets))
 
     def _publish(self, reports: dict[str, Any], removed_ids: Any) -> None:
-        """Prepare and send a publication synchronously (start-up and rebuilds)."""
-        if not reports:
-            return
-        mirror = self._mirror()
-        publication = self.publisher.prepare(mirror.ranks, reports,
-                                             version=mirror.counters.version,
-                                             offsets=mirror.offsets_fields(),
-                                             removed_ids=removed_ids)
-        self._send_publication(publication)
+        """Publish ``reports`` (and anything pending) now, synchronously."""
+        self._await_publication()
+        self._pending.add(reports, removed_ids)
+        self._flush_publications()
 
     def _send_publication(self, publication: Publication) -> None:
         mirror = self._mirror()
@@ -439,6 +477,8 @@ class ConsumerService:
                 self._regain_lease(mirror)
         self.stats.last_refresh_at = iso_now()
         self.stats.last_refresh_seconds = time.perf_counter() - started
+        self._last_publication_s = self.stats.last_refresh_seconds
+        self._last_publication_end = time.monotonic()
         for item in published:
             self.stats.bound[item.algorithm] = item.bound
             self.stats.fresh[item.algorithm] = item.fresh

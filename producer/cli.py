@@ -19,13 +19,14 @@ import argparse
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from producer.schema import Event, Limits, PageEvent, iter_events
 from rankstream.errors import InputError, ServiceUnavailable
 from rankstream.settings import Settings
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["ReplaySummary", "add_arguments", "create_topics", "replay", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,18 +85,39 @@ def _progress(events: Iterable[Event], total: int | None) -> Iterator[Event]:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from producer.client import LinkPublisher
-
     _check(args)
     topic = args.topic or settings.topic
     if not args.no_create_topics:
-        _create_topics(settings.model_copy(update={"topic": topic}))
-    limits = Limits.from_settings(settings)
-    events, total = _events(args, limits)
+        create_topics(settings.model_copy(update={"topic": topic}))
+    events, total = _events(args, Limits.from_settings(settings))
+    summary = replay(settings, events, topic=topic, total=total)
+    print(summary)
+    return 0
+
+
+@dataclass(frozen=True)
+class ReplaySummary:
+    """What one replay sent; every event counted here was acknowledged by the broker."""
+
+    topic: str
+    events: int
+    links: int
+    seconds: float
+
+    def __str__(self) -> str:
+        rate = self.events / max(self.seconds, 1e-9)
+        return (f"sent {self.events} events ({self.links} page links) to {self.topic} in "
+                f"{self.seconds:.1f} s ({rate:,.0f} events/s), all acknowledged")
+
+
+def replay(settings: Settings, events: Iterable[Event], *, topic: str,
+           total: int | None = None) -> ReplaySummary:
+    """Publish ``events`` in order and wait until the broker acknowledged all of them."""
+    from producer.client import LinkPublisher
+
     sent = links = 0
     started = time.monotonic()
-    publisher = LinkPublisher.from_settings(settings, topic=topic)
-    with publisher:
+    with LinkPublisher.from_settings(settings, topic=topic) as publisher:
         try:
             for event in _progress(events, total):
                 publisher.publish_event(event)
@@ -105,13 +127,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         except InputError as exc:
             publisher.flush()
             raise InputError(f"{exc}; stopped there, {sent} event(s) before it were sent") from exc
-    seconds = max(time.monotonic() - started, 1e-9)
-    print(f"sent {sent} events ({links} page links) to {topic} in {seconds:.1f} s "
-          f"({sent / seconds:,.0f} events/s), all acknowledged")
-    return 0
+    return ReplaySummary(topic, sent, links, time.monotonic() - started)
 
 
-def _create_topics(settings: Settings) -> None:
+def create_topics(settings: Settings) -> None:
+    """Create the event and dead-letter topics if missing (the broker does not)."""
     from kafka.errors import KafkaError
 
     from rankstream.services.kafka import ensure_topics

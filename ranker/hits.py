@@ -1,24 +1,60 @@
-"""HITS (Kleinberg 1999) by power iteration on a (small, query-time) subgraph.
+"""HITS (Kleinberg 1999) on a (small, query-time) subgraph.
 
 From all-ones hub and authority vectors, repeat ``a = A^T h``, ``h = A a``,
 normalising each (unit L2 norm or unit sum) until the L1 change of both vectors
 in one step is below ``tol``. ``A``'s values are link weights, so host-level
 weighting (k links from one host to a page count 1/k each) is applied by the
 caller through the matrix values.
+
+What the iteration converges to: ``a_k`` is proportional to ``(A^T A)^(k-1) A^T 1``,
+so its limit is the projection of the first authority vector ``A^T 1`` onto the top
+eigenspace of ``A^T A`` (equivalently, the hubs converge to the projection of the
+all-ones start onto the top eigenspace of ``A A^T``, and ``h = A a``). When the top
+eigenvalue is simple that is the principal eigenvector; when it is degenerate (two
+disjoint identical stars, an in-star and an out-star of equal size) it is the one
+mix of the eigenspace that the all-ones start selects, not an arbitrary eigenvector.
+
+Each step shrinks the error by ``lambda_2 / lambda_1`` of ``A^T A``. Query-time base
+sets often hold near-equal stars (many root pages with exactly ``t`` in-linkers) with
+``lambda_2 / lambda_1`` around 0.999, where the iteration would need ~10^5 steps. So
+after ``_POWER_STEPS`` steps (or earlier, once the observed contraction rate predicts
+it cannot finish within them) the same limit is computed by Lanczos (ARPACK ``eigsh``
+on ``x -> A^T (A x)`` started from ``A^T 1``): eigenvalues within ``tol`` (relative) of
+the largest form the top eigenspace, ``A^T 1`` is projected onto it, one HITS step
+polishes the result, and an explicit residual check certifies it.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.sparse.linalg import ArpackError, ArpackNoConvergence, LinearOperator, eigsh
 
 from ranker.pagerank import check_iteration_args, clean_links, validate_adjacency
 from ranker.results import HitsResult
 from rankstream.errors import ConvergenceError, InputError
 
 Normalization = Literal["l2", "sum"]
+
+# Power steps before the Lanczos fallback: well-separated base sets converge in
+# 20-100 steps, and beyond that Lanczos reaches machine precision in fewer mat-vecs.
+_POWER_STEPS = 100
+# Steps before the contraction rate (ratio of successive changes) is trusted.
+_WARMUP = 10
+# Up to this many pages the fallback uses a dense eigh (ARPACK needs k < n anyway).
+_DENSE_LIMIT = 64
+# ARPACK draws a random vector only after an exact breakdown (a low-rank A^T A); a
+# fixed seed keeps even those runs bit-for-bit reproducible.
+_ARPACK_SEED = 0
+# Mat-vecs spent after the eigensolver: one polishing HITS step, two for the check.
+_CHECK_APPLICATIONS = 3
+
+
+class _BudgetExhausted(Exception):
+    """The Lanczos fallback would exceed what is left of ``max_iter``."""
 
 
 def _normalise(vector: np.ndarray, how: Normalization) -> None:
@@ -40,9 +76,20 @@ def hits(
         A: square scipy sparse matrix/array; ``A[m, n] > 0`` is the weight of link
             ``m -> n``. Self links and explicit zeros are dropped (algorithms.md);
             duplicate entries add up.
-        tol: stop when ``||a_k - a_{k-1}||_1 + ||h_k - h_{k-1}||_1 < tol``.
-        max_iter: step cap; :class:`ConvergenceError` after it.
+        tol: the power iteration stops when
+            ``||a_k - a_{k-1}||_1 + ||h_k - h_{k-1}||_1 < tol``; a Lanczos result is
+            accepted when its relative residual
+            ``||A^T A a - lam a|| / lam + ||A A^T h - lam h|| / lam`` (unit-L2 ``a``,
+            ``h``) is ``<= tol``. Eigenvalues within ``tol`` (relative) of the largest
+            are treated as one degenerate eigenvalue.
+        max_iter: cap on ``iterations``; :class:`ConvergenceError` when it is hit.
         normalize: ``"l2"`` (Kleinberg) or ``"sum"`` (networkx's convention).
+
+    Returns:
+        ``HitsResult`` whose ``iterations`` counts power steps plus applications of
+        ``x -> A^T (A x)`` by the fallback (each costs what one power step costs; the
+        dense fallback for <= 64 pages counts ``n``), and whose ``error`` is the last
+        L1 change, or the relative residual above when the fallback answered.
 
     A graph without links returns all-zero hubs and authorities (``iterations=1``,
     ``error=0``): the first step gives ``a = A^T h = 0`` exactly, so zero is what the
@@ -63,25 +110,136 @@ def hits(
         return HitsResult(np.zeros(n), np.zeros(n), 1, 0.0)
     links_t = sp.csr_array(links.T.tocsr())
 
+    hubs, authorities, steps, error = _power_iteration(
+        links, links_t, tol, min(max_iter, _POWER_STEPS), normalize
+    )
+    if error < tol:
+        return HitsResult(hubs, authorities, steps, error)
+    failure = f"hits did not reach tol={tol:g} in {max_iter} iterations"
+    if steps >= max_iter:
+        raise ConvergenceError(f"{failure} (last L1 change {error:.3g})",
+                               iterations=steps, error=error)
+    try:
+        hubs, authorities, applications, residual = _eigen_hits(
+            links, links_t, tol, max_iter - steps
+        )
+    except _BudgetExhausted:
+        raise ConvergenceError(
+            f"{failure}: {steps} power steps (last L1 change {error:.3g}), then the "
+            "Lanczos fallback ran out of iterations",
+            iterations=max_iter, error=error,
+        ) from None
+    except (ArpackNoConvergence, ArpackError) as exc:
+        raise ConvergenceError(f"{failure}: Lanczos fallback failed: {exc}",
+                               iterations=max_iter, error=error) from exc
+    iterations = steps + applications
+    if not residual <= tol:  # also catches NaN
+        raise ConvergenceError(
+            f"hits: Lanczos fallback residual {residual:.3g} above tol={tol:g}",
+            iterations=iterations, error=residual,
+        )
+    if normalize == "sum":
+        _normalise(hubs, "sum")
+        _normalise(authorities, "sum")
+    return HitsResult(hubs, authorities, iterations, residual)
+
+
+def _power_iteration(
+    links: sp.csr_array, links_t: sp.csr_array, tol: float, limit: int, how: Normalization
+) -> tuple[np.ndarray, np.ndarray, int, float]:
+    """Kleinberg's iteration from all ones for at most ``limit`` steps.
+
+    Returns ``(hubs, authorities, steps, last L1 change)``; it stops early when the
+    change is below ``tol`` or when the change's contraction rate says that ``limit``
+    steps will not get it there.
+    """
+    n = links.shape[0]
     hubs = np.ones(n)
-    _normalise(hubs, normalize)
+    _normalise(hubs, how)
     authorities = hubs.copy()
     change = np.empty(n)
-    error = float("inf")
-    for step in range(1, max_iter + 1):
+    error = previous = math.inf
+    for step in range(1, limit + 1):
         new_authorities = links_t @ hubs
-        _normalise(new_authorities, normalize)
+        _normalise(new_authorities, how)
         new_hubs = links @ new_authorities
-        _normalise(new_hubs, normalize)
+        _normalise(new_hubs, how)
         np.subtract(new_authorities, authorities, out=change)
         error = float(np.abs(change, out=change).sum())
         np.subtract(new_hubs, hubs, out=change)
         error += float(np.abs(change, out=change).sum())
         hubs, authorities = new_hubs, new_authorities
         if error < tol:
-            return HitsResult(hubs, authorities, step, error)
-    raise ConvergenceError(
-        f"hits did not reach tol={tol:g} in {max_iter} steps (last L1 change {error:.3g})",
-        iterations=max_iter,
-        error=error,
-    )
+            return hubs, authorities, step, error
+        rate = error / previous
+        # The change shrinks by ~lambda_2/lambda_1 per step: with a rate r it needs
+        # log(tol/error)/log(r) more steps. Only a confident "too many" switches early.
+        if step >= _WARMUP and rate < 1.0 and math.log(tol / error) < (limit - step) * math.log(
+            rate
+        ):
+            return hubs, authorities, step, error
+        previous = error
+    return hubs, authorities, limit, error
+
+
+def _eigen_hits(
+    links: sp.csr_array, links_t: sp.csr_array, tol: float, budget: int
+) -> tuple[np.ndarray, np.ndarray, int, float]:
+    """The iteration's limit by Lanczos/eigh; ``(hubs, authorities, applications, residual)``.
+
+    Hubs and authorities have unit L2 norm. Raises :class:`_BudgetExhausted` when
+    more than ``budget`` applications of ``A^T A`` would be needed.
+    """
+    n = links.shape[0]
+    start = links_t @ np.ones(n)  # the iteration's first authority vector, A^T 1
+    start /= np.linalg.norm(start)
+    solver_budget = budget - _CHECK_APPLICATIONS
+    applications = 0
+
+    def gram(vector: np.ndarray) -> np.ndarray:
+        nonlocal applications
+        applications += 1
+        if applications > solver_budget:
+            raise _BudgetExhausted
+        product: np.ndarray = links_t @ (links @ vector.ravel())
+        return product
+
+    if n <= _DENSE_LIMIT:
+        applications = n  # forming A^T A densely costs about n applications
+        if applications > solver_budget:
+            raise _BudgetExhausted
+        values, vectors = np.linalg.eigh((links_t @ links).toarray())
+    else:
+        operator = LinearOperator((n, n), matvec=gram, dtype=np.float64)
+        # k = 2 measures the gap; while every eigenvalue found is within tol of the
+        # top, the degenerate top eigenspace may be larger, so ask for more.
+        k = 2
+        while True:
+            values, vectors = eigsh(operator, k=k, which="LA", v0=start, tol=0,
+                                    rng=_ARPACK_SEED)
+            if values.min() < values.max() * (1.0 - tol) or 2 * k >= n - 1:
+                break
+            k *= 2
+    top = vectors[:, values >= values.max() * (1.0 - tol)]
+    # Projecting the start onto the top eigenspace is exactly what the iteration
+    # converges to, degenerate or not; it also fixes the sign (A^T 1 >= 0 and the
+    # limit of non-negative iterates is >= 0). Clipping only removes rounding specks.
+    authorities = np.maximum(top @ (top.T @ start), 0.0)
+    # One polishing HITS step (exact zeros for pages without in-links), then the check.
+    hubs = _unit(links @ authorities)
+    authorities = _unit(links_t @ hubs)
+    image = links_t @ (links @ authorities)
+    value = float(authorities @ image)
+    hubs = _unit(links @ authorities)
+    hub_image = links @ (links_t @ hubs)
+    if value <= 0.0 or not math.isfinite(value):
+        return hubs, authorities, applications + _CHECK_APPLICATIONS, math.inf
+    residual = float(np.linalg.norm(image - value * authorities)) / value
+    residual += float(np.linalg.norm(hub_image - value * hubs)) / value
+    return hubs, authorities, applications + _CHECK_APPLICATIONS, residual
+
+
+def _unit(vector: np.ndarray) -> np.ndarray:
+    """``vector`` scaled to unit L2 norm (left as is when it is zero)."""
+    size = float(np.linalg.norm(vector))
+    return vector / size if size > 0.0 else vector

@@ -30,6 +30,12 @@ Adjacency = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                   np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
+# Compact when the pools (slack, garbage) push memory past this, so the graph stays
+# within the 40 bytes/link budget; compaction leaves 1/8 headroom, so it is rare.
+COMPACT_BYTES_PER_LINK = 38
+COMPACT_MIN_LINKS = 4096
+
+
 def _ids(values: object, name: str) -> np.ndarray:
     array = np.asarray(values)
     if array.size == 0:
@@ -259,7 +265,9 @@ class LinkGraph:
         now_live = self._live[:n]
         was_live[removed] = False  # removed, then revived by an insertion of this batch
         new_pages = np.flatnonzero(now_live & ~was_live).astype(np.int32)
-        if self._garbage > max(self._out_used + self._in_used, 1 << 16) // 2:
+        if self._garbage > max(self._out_used + self._in_used, 1 << 16) // 2 or (
+                self.num_links >= COMPACT_MIN_LINKS
+                and self.memory_bytes() > COMPACT_BYTES_PER_LINK * self.num_links):
             self.compact()
         return AppliedBatch(ins_src, ins_dst, del_src.astype(np.int32), del_dst.astype(np.int32),
                             removed.astype(np.int32), new_pages)
@@ -309,13 +317,13 @@ class LinkGraph:
         self._garbage += freed
 
     def compact(self) -> None:
-        """Pack every row back to back with no spare capacity; frees garbage and slack."""
+        """Pack rows back to back (no spare row capacity, 1/8 spare pool); frees garbage."""
         n = self.num_ids
         for direction in ("out", "in"):
             length = getattr(self, f"{direction}_len")
             total = int(length[:n].sum())
-            new_nbr = np.empty(total, dtype=np.int32)
-            new_twin = np.empty(total, dtype=np.int32)
+            new_nbr = np.empty(total + (total >> 3), dtype=np.int32)
+            new_twin = np.empty(total + (total >> 3), dtype=np.int32)
             end = K.pack_rows(getattr(self, f"{direction}_start"), length,
                               getattr(self, f"{direction}_cap"), getattr(self, f"{direction}_nbr"),
                               getattr(self, f"{direction}_twin"), new_nbr, new_twin, n)

@@ -159,15 +159,17 @@ class ResidualEngine:
         gaining in-links are themselves changed sources, so this covers B after it).
         Call before the graph changes.
         """
+        g = self.graph
+        # Pages interned since the last batch may have ids beyond our arrays.
+        self._ensure(g.num_ids)
         if self.kind == K.KIND_PAGERANK:
             return sources
-        g = self.graph
-        self._ensure(g.num_ids)
         ends = np.concatenate([sources, targets]).astype(np.int32)
         return K.union_with_rows(sources, ends, g.in_start, g.in_len, g.in_nbr, self.is_marked)
 
     def retract(self, cols: np.ndarray) -> None:
         """Subtract the current contribution of ``cols`` (before the graph changes)."""
+        self._ensure(self.graph.num_ids)
         self._add_columns(cols, -1.0)
 
     def absorb(self, cols: np.ndarray, applied: AppliedBatch) -> None:
@@ -211,6 +213,7 @@ class ResidualEngine:
         """``r = b + d*M*y - y`` from scratch (drift guard); returns the largest change."""
         g = self.graph
         n = g.num_ids
+        self._ensure(n)
         before = self.r[:n].copy()
         live = g.live_mask()
         self.base[:n] = np.where(live, 1.0 - self.damping, 0.0)
@@ -273,6 +276,7 @@ class ResidualEngine:
         start = time.perf_counter()
         g = self.graph
         n = g.num_ids
+        self._ensure(n)
         d = self.damping
         work = self.pending_work
         self.pending_work = 0

@@ -23,6 +23,11 @@ from rankstream.settings import load_settings
 # name -> (module, one-line help). Modules are imported only when their command
 # runs, so `rankstream rank` never pays for Kafka or Redis imports.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "consume": ("consumer.commands.consume", "run the streaming consumer (Kafka -> Redis)"),
+    "top": ("consumer.commands.top", "the top pages by live score"),
+    "score": ("consumer.commands.score", "one page's live scores"),
+    "status": ("consumer.commands.status", "consumer health, lag, freshness and error bound"),
+    "demo": ("rankstream.demo", "replay the Python docs graph and show the live top 10"),
     "rank": ("rankstream.rank_command", "rank an edge list offline (no services)"),
     "produce": ("producer.cli", "publish an event log or a synthetic stream to Kafka"),
     "hits": ("consumer.hits_cli", "HITS hubs and authorities for query terms or --seed URLs"),
@@ -45,7 +50,11 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="rankstream", description=__doc__.splitlines()[0])
+    parser = _OneLineParser(
+        prog="rankstream",
+        description="Streaming PageRank, Weighted PageRank and HITS: link events from Kafka, "
+        "live scores in Redis.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
     sub.required = True
     wanted = next((a for a in argv if not a.startswith("-")), None)

@@ -29,10 +29,10 @@ def test_holder_round_trips_and_tolerates_garbage():
 def test_score_commands_add_live_and_remove_dead_pages():
     keys = Keys("p:")
     urls = ["u0", "u1", "u2", "u3"]
-    live = np.array([True, False, True, True])
+    live = np.array([True, False, True, False])
     cmds, written, removed = score_commands(
         keys, "pagerank", np.array([0, 1, 2], np.int32), np.array([0.5, 0.0, 1.25]), live,
-        urls.__getitem__, removed_ids=[3])
+        urls.__getitem__, removed_ids=[3, 2])  # 2 was removed earlier but is live again
     assert cmds == [("ZADD", "p:scores:pagerank", 0.5, "u0", 1.25, "u2"),
                     ("ZREM", "p:scores:pagerank", "u1", "u3")]
     assert (written, removed) == (2, 2)

@@ -174,6 +174,21 @@ def test_removed_page_scores_zero_and_revival_restores_it() -> None:
     assert c in reports["pagerank"].moved_ids.tolist()
 
 
+def test_many_new_pages_grow_every_array() -> None:
+    graph = LinkGraph.from_edges(["a"], ["b"])
+    ranks = LiveRanks(graph, tolerance=1e-10)
+    published = Published()
+    published.take(ranks, ranks.cold_start())
+    rng = np.random.default_rng(8)
+    for _ in range(3):
+        new = graph.intern_many([f"n{graph.num_ids + i}" for i in range(150)])
+        src = rng.choice(new, 300)
+        dst = rng.integers(0, graph.num_ids, 300)
+        reports = ranks.apply(EdgeBatch(insert_src=src, insert_dst=dst))
+        published.take(ranks, reports)
+        check(ranks, reports, published)
+
+
 def test_drift_guard_changes_nothing_beyond_rounding() -> None:
     synthetic = copying_model_graph(400, 6.0, seed=3)
     graph = synthetic.to_linkgraph()
