@@ -300,8 +300,10 @@ class ConsumerService:
             if batch is None:
                 batch = self.fetch()
             if batch is None:
-                self._flush_publications()
-                self.refresh_if_stale()
+                # Idle: publish what is pending now (without waiting for it).
+                self._maybe_publish(force=True)
+                if self._publishing is None:
+                    self.refresh_if_stale()
                 self._heartbeat()
                 return 0
             self.process(batch)
@@ -359,6 +361,7 @@ class ConsumerService:
             for _ in range(MAX_IDLE_REFRESHES):
                 if not self.refresh_if_stale():
                     break
+                self._flush_publications()
 
     def refresh_if_stale(self) -> bool:
         """While idle: if a published vector is not fresh, refine and publish it again.
@@ -372,7 +375,8 @@ class ConsumerService:
         from ranker.linkgraph import EdgeBatch
 
         reports = mirror.ranks.apply(EdgeBatch())
-        self._publish(reports, ())
+        self._pending.add(reports, ())
+        self._maybe_publish(force=True)  # does not wait; stats.fresh updates when it lands
         return True
 
     def _await_publication(self) -> None:
