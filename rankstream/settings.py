@@ -49,7 +49,10 @@ class Settings(BaseSettings):
     # --- Ranking ---------------------------------------------------------------
     damping: float = Field(0.85, gt=0.0, lt=1.0)
     tolerance: float = Field(
-        1e-6, gt=0.0, description="certified L1 error bound ||r||_1/(1-d) on published y"
+        1e-6,
+        gt=0.0,
+        description="relative certified bound: scores are fresh when the L1 error bound "
+        "||r||_1/(1-d) on y is at most tolerance * sum(y), i.e. an L1 bound on x = y/sum(y)",
     )
     publish_threshold: float = Field(
         1e-7, ge=0.0, description="write a page's score only if it moved by more than this"
