@@ -39,7 +39,7 @@ def iter_edges(path: Path) -> Iterator[tuple[str, str]]:
     with open_text(path) as handle:
         line_no = 0
         try:
-            for line_no, line in enumerate(handle, start=1):  # noqa: B007 - used in except
+            for line_no, line in enumerate(handle, start=1):
                 text = line.rstrip("\r\n")
                 if not text.strip() or text.startswith("#"):
                     continue

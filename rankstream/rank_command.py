@@ -13,13 +13,17 @@ import itertools
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from rankstream.edgelist import read_edges
 from rankstream.errors import InputError
 from rankstream.settings import Settings
+
+if TYPE_CHECKING:
+    from producer.schema import Limits
+    from ranker import EdgeBatch, LinkGraph
 
 ALGORITHMS = ("pagerank", "wpr", "hits")
 # The cold check's L1 bound per live page. An absolute bound must grow with the graph:
@@ -69,22 +73,17 @@ def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     # Imported here so `rankstream --help` stays fast and numba compiles only when used.
-    from producer.schema import iter_events
+    from producer.schema import Limits
     from ranker import LinkGraph, LiveRanks, hits, pagerank, weighted_pagerank
-    from rankstream.graph_updates import EventApplier
 
     _check(args)
+    limits = Limits.from_settings(settings)
     damping = settings.damping if args.damping is None else args.damping
-    if args.edges is not None:
-        graph = LinkGraph.from_edges(*read_edges(args.edges))
-    else:
-        graph = LinkGraph()
+    graph = LinkGraph.from_edges(*read_edges(args.edges)) if args.edges else LinkGraph()
 
     if args.algorithm == "hits":
-        applier = EventApplier(graph)
-        if args.events is not None:
-            for chunk in _chunks((event for _, event in iter_events(args.events)), args.batch_size):
-                graph.apply(applier.apply(chunk).batch)
+        for batch in _edge_batches(graph, args, limits):
+            graph.apply(batch)
         result = hits(graph.to_csr(), tol=args.tolerance, max_iter=settings.max_iter)
         alive = graph.live_mask()
         _print_hits(graph, result.hubs, result.authorities, alive, args.top)
@@ -99,10 +98,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         max_iter=settings.max_iter,
     )
     ranks.cold_start()
-    if args.events is not None:
-        applier = EventApplier(graph)
-        for chunk in _chunks((event for _, event in iter_events(args.events)), args.batch_size):
-            ranks.apply(applier.apply(chunk).batch)
+    for batch in _edge_batches(graph, args, limits):
+        ranks.apply(batch)
 
     scores = ranks.scores(args.algorithm)
     alive = graph.live_mask()
@@ -127,14 +124,29 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _edge_batches(
+    graph: LinkGraph, args: argparse.Namespace, limits: Limits
+) -> Iterator[EdgeBatch]:
+    """The event log, ``--batch-size`` events at a time, as net edge batches."""
+    if args.events is None:
+        return
+    from producer.schema import iter_events
+    from rankstream.graph_updates import EventApplier
+
+    applier = EventApplier(graph)
+    events = (event for _, event in iter_events(args.events, limits))
+    for chunk in _chunks(events, args.batch_size):
+        yield applier.apply(chunk).batch
+
+
 def _order(keys: Sequence[str], scores: np.ndarray) -> list[int]:
     # Highest score first; ties broken by key so the output is deterministic.
     return sorted(range(len(keys)), key=lambda i: (-scores[i], keys[i]))
 
 
-def _print_scores(graph: object, scores: np.ndarray, alive: np.ndarray, top: int | None) -> None:
+def _print_scores(graph: LinkGraph, scores: np.ndarray, alive: np.ndarray, top: int | None) -> None:
     ids = np.flatnonzero(alive)
-    keys = [graph.key_of(int(i)) for i in ids]  # type: ignore[attr-defined]
+    keys = [graph.key_of(int(i)) for i in ids]
     values = scores[ids]
     out = sys.stdout
     for rank, i in enumerate(_order(keys, values)):
@@ -144,10 +156,10 @@ def _print_scores(graph: object, scores: np.ndarray, alive: np.ndarray, top: int
 
 
 def _print_hits(
-    graph: object, hubs: np.ndarray, auths: np.ndarray, alive: np.ndarray, top: int | None
+    graph: LinkGraph, hubs: np.ndarray, auths: np.ndarray, alive: np.ndarray, top: int | None
 ) -> None:
     ids = np.flatnonzero(alive)
-    keys = [graph.key_of(int(i)) for i in ids]  # type: ignore[attr-defined]
+    keys = [graph.key_of(int(i)) for i in ids]
     out = sys.stdout
     for rank, i in enumerate(_order(keys, auths[ids])):
         if top is not None and rank >= top:

@@ -1,0 +1,132 @@
+"""`rankstream rank`: the offline command, end to end through cli.main."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+from rankstream.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS_EDGES = REPO.parent / "shared" / "data" / "python-docs-links.tsv.gz"
+DEMO_EVENTS = REPO / "data" / "python-docs-pages.jsonl.gz"
+FIG2 = "A\tB\nA\tC\nB\tC\nC\tA\nC\tB\n"
+
+
+def _rows(text: str) -> dict[str, list[float]]:
+    return {
+        fields[0]: [float(v) for v in fields[1:]]
+        for fields in (line.split("\t") for line in text.splitlines())
+    }
+
+
+def test_fig2_paper_scale(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edges = tmp_path / "fig2.tsv"
+    edges.write_text(FIG2)
+    assert main(["rank", "--edges", str(edges)]) == 0
+    out = capsys.readouterr().out
+    assert [line.split("\t")[0] for line in out.splitlines()] == ["C", "B", "A"]
+    rows = _rows(out)
+    assert rows["A"][0] == pytest.approx(0.701754, abs=1e-6)
+    assert rows["B"][0] == pytest.approx(1.0, abs=1e-6)
+    assert rows["C"][0] == pytest.approx(1.298246, abs=1e-6)
+
+
+def test_probability_scale_gzip_matches_networkx(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    edges = [(1, 2), (1, 3), (3, 1), (3, 2), (3, 5), (4, 5), (4, 6), (5, 4), (5, 6), (6, 4)]
+    path = tmp_path / "nx.tsv.gz"
+    with gzip.open(path, "wt") as handle:
+        handle.writelines(f"{u}\t{v}\n" for u, v in edges)
+    assert main(["rank", "--edges", str(path), "--damping", "0.9", "--scale", "probability"]) == 0
+    rows = _rows(capsys.readouterr().out)
+    expected = nx.pagerank(nx.DiGraph(edges), alpha=0.9, tol=1e-13)
+    for node, value in expected.items():
+        assert rows[str(node)][0] == pytest.approx(value, abs=1e-9)
+
+
+def test_events_on_top_equal_cold_solve(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edges = tmp_path / "fig2.tsv"
+    edges.write_text(FIG2)
+    events = tmp_path / "events.jsonl"
+    lines = [
+        {"type": "link_added", "src": "https://x.org/", "dst": "https://y.org/"},
+        {"type": "page", "url": "https://y.org/", "links": ["https://x.org/"]},
+        {"type": "link_removed", "src": "https://x.org/", "dst": "https://y.org/"},
+        {"type": "page_removed", "url": "https://y.org/"},
+        {"type": "link_added", "src": "https://z.org/", "dst": "https://x.org/"},
+    ]
+    events.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    for algorithm in ("pagerank", "wpr"):
+        argv = ["rank", "--edges", str(edges), "--events", str(events), "--batch-size", "2",
+                "--algorithm", algorithm, "--verify"]
+        assert main(argv) == 0
+        captured = capsys.readouterr()
+        rows = _rows(captured.out)
+        assert "https://y.org/" not in rows  # removed pages are not ranked
+        assert set(rows) == {"A", "B", "C", "https://x.org/", "https://z.org/"}
+        diff = float(captured.err.split("=")[1].split()[0])
+        assert diff <= 1e-9
+
+
+def test_hits_prints_hub_and_authority(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edges = tmp_path / "fig2.tsv"
+    edges.write_text(FIG2)
+    assert main(["rank", "--edges", str(edges), "--algorithm", "hits"]) == 0
+    rows = _rows(capsys.readouterr().out)
+    assert rows["A"] == pytest.approx([0.736976, 0.327985], abs=1e-6)
+    assert rows["B"] == pytest.approx([0.327985, 0.736976], abs=1e-6)
+
+
+@pytest.mark.skipif(not DOCS_EDGES.exists(), reason="shared data not beside the repo")
+def test_python_docs_graph_verifies_within_1e9(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rank", "--edges", str(DOCS_EDGES), "--verify", "--top", "3"]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 3
+    assert float(captured.err.split("=")[1].split()[0]) <= 1e-9
+
+
+def test_demo_events_replay_verifies(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["rank", "--events", str(DEMO_EVENTS), "--batch-size", "100", "--verify", "--top", "1"]
+    assert main(argv) == 0
+    assert float(capsys.readouterr().err.split("=")[1].split()[0]) <= 1e-9
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["rank", "--edges", "/nonexistent.tsv"], "no such file"),
+        (["rank", "--edges", "{bad}", "--algorithm", "pagerankk"], "unknown algorithm"),
+        (["rank", "--edges", "{bad}"], "bad.tsv:3: expected 'src<TAB>dst'"),
+        (["rank", "--edges", "{good}", "--algorithm", "wpr", "--scale", "probability"],
+         "PageRank only"),
+        (["rank"], "give --edges"),
+        (["rank", "--edges", "{good}", "--damping", "1.5"], "damping"),
+        (["rank", "--edges", "{good}", "--batch-size", "x"], "invalid int value"),
+        (["rank", "--events", "{badevents}"], "badevents.jsonl:2"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    (tmp_path / "bad.tsv").write_text("a\tb\n# comment\nc\n")
+    (tmp_path / "good.tsv").write_text(FIG2)
+    (tmp_path / "badevents.jsonl").write_text('{"type":"page","url":"https://a.org/","links":[]}\n{')
+    paths = {
+        "{bad}": str(tmp_path / "bad.tsv"),
+        "{good}": str(tmp_path / "good.tsv"),
+        "{badevents}": str(tmp_path / "badevents.jsonl"),
+    }
+    argv = [paths.get(arg, arg) for arg in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main(argv))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
