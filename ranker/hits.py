@@ -27,11 +27,13 @@ polishes the result, and an explicit residual check certifies it.
 from __future__ import annotations
 
 import math
+from functools import cache
 from typing import Literal
 
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import ArpackError, ArpackNoConvergence, LinearOperator, eigsh
+from threadpoolctl import ThreadpoolController
 
 from ranker.pagerank import check_iteration_args, clean_links, validate_adjacency
 from ranker.results import HitsResult
@@ -55,6 +57,12 @@ _CHECK_APPLICATIONS = 3
 
 class _BudgetExhausted(Exception):
     """The Lanczos fallback would exceed what is left of ``max_iter``."""
+
+
+@cache
+def _blas_threads() -> ThreadpoolController:
+    """The BLAS thread-pool controller, built once on first use (it scans loaded libraries)."""
+    return ThreadpoolController()
 
 
 def _normalise(vector: np.ndarray, how: Normalization) -> None:
@@ -174,10 +182,10 @@ def _power_iteration(
         rate = error / previous
         # The change shrinks by ~lambda_2/lambda_1 per step: with a rate r it needs
         # log(tol/error)/log(r) more steps. Only a confident "too many" switches early.
-        if step >= _WARMUP and rate < 1.0 and math.log(tol / error) < (limit - step) * math.log(
-            rate
-        ):
-            return hubs, authorities, step, error
+        if step >= _WARMUP and rate < 1.0:
+            steps_needed = math.log(tol / error) / math.log(rate)
+            if steps_needed > limit - step:
+                return hubs, authorities, step, error
         previous = error
     return hubs, authorities, limit, error
 
@@ -204,22 +212,25 @@ def _eigen_hits(
         product: np.ndarray = links_t @ (links @ vector.ravel())
         return product
 
-    if n <= _DENSE_LIMIT:
-        applications = n  # forming A^T A densely costs about n applications
-        if applications > solver_budget:
-            raise _BudgetExhausted
-        values, vectors = np.linalg.eigh((links_t @ links).toarray())
-    else:
-        operator = LinearOperator((n, n), matvec=gram, dtype=np.float64)
-        # k = 2 measures the gap; while every eigenvalue found is within tol of the
-        # top, the degenerate top eigenspace may be larger, so ask for more.
-        k = 2
-        while True:
-            values, vectors = eigsh(operator, k=k, which="LA", v0=start, tol=0,
-                                    rng=_ARPACK_SEED)
-            if values.min() < values.max() * (1.0 - tol) or 2 * k >= n - 1:
-                break
-            k *= 2
+    # ARPACK's BLAS calls are tiny (n x 20); with several threads they mostly wait for
+    # each other, which made the fallback 2-3x slower on a busy 2-core machine.
+    with _blas_threads().limit(limits=1, user_api="blas"):
+        if n <= _DENSE_LIMIT:
+            applications = n  # forming A^T A densely costs about n applications
+            if applications > solver_budget:
+                raise _BudgetExhausted
+            values, vectors = np.linalg.eigh((links_t @ links).toarray())
+        else:
+            operator = LinearOperator((n, n), matvec=gram, dtype=np.float64)
+            # k = 2 measures the gap; while every eigenvalue found is within tol of
+            # the top, the degenerate top eigenspace may be larger, so ask for more.
+            k = 2
+            while True:
+                values, vectors = eigsh(operator, k=k, which="LA", v0=start, tol=0,
+                                        rng=_ARPACK_SEED)
+                if values.min() < values.max() * (1.0 - tol) or 2 * k >= n - 1:
+                    break
+                k *= 2
     top = vectors[:, values >= values.max() * (1.0 - tol)]
     # Projecting the start onto the top eigenspace is exactly what the iteration
     # converges to, degenerate or not; it also fixes the sign (A^T 1 >= 0 and the

@@ -44,9 +44,12 @@ class HitsResult:
     Attributes:
         hubs: hub score per page id (float64).
         authorities: authority score per page id (float64).
-        iterations: power-iteration steps performed.
-        error: L1 change of hubs plus authorities in the last step (what was
-            compared against ``tol``).
+        iterations: power-iteration steps, plus the applications of A^T A made by
+            the Lanczos/eigh fallback when power iteration was too slow (a dense
+            eigh counts n).
+        error: L1 change of hubs plus authorities in the last power step (what was
+            compared against ``tol``) or, after the fallback, the relative
+            eigen-residual of hubs plus authorities.
     """
 
     hubs: np.ndarray

@@ -135,3 +135,98 @@ def test_matches_reference_on_small_graphs(graph: tuple[int, list[tuple[int, int
                                        max_iter=200_000)
     np.testing.assert_allclose(result.hubs, hubs, atol=1e-9)
     np.testing.assert_allclose(result.authorities, authorities, atol=1e-9)
+
+
+# --- near-degenerate and degenerate top eigenvalues (the Lanczos fallback) ---------------
+
+
+def _in_star(first: int, in_linkers: int, *, extra: bool = False) -> list[tuple[int, int]]:
+    """Pages first..first+k-1 -> centre first+k; with ``extra``, page first also -> first+k+1.
+
+    The extra link lifts lambda_1 of A^T A from k to just above k (k=50: 50.0204).
+    """
+    centre = first + in_linkers
+    edges = [(first + i, centre) for i in range(in_linkers)]
+    return [*edges, (first, centre + 1)] if extra else edges
+
+
+def _near_degenerate_stars(in_linkers: int) -> tuple[int, list[tuple[int, int]]]:
+    """A star with one extra link beside a plain star of the same size."""
+    perturbed = _in_star(0, in_linkers, extra=True)
+    return 2 * in_linkers + 3, perturbed + _in_star(in_linkers + 2, in_linkers)
+
+
+def _top_projection(matrix: sp.csr_array, start: np.ndarray) -> np.ndarray:
+    """Unit projection of ``start`` onto the top eigenspace of the dense A^T A (eigh)."""
+    values, vectors = np.linalg.eigh((matrix.T @ matrix).toarray())
+    top = vectors[:, values >= values[-1] * (1 - 1e-9)]
+    projection = top @ (top.T @ start)
+    return projection / np.linalg.norm(projection)
+
+
+@pytest.mark.parametrize("in_linkers", [20, 50])  # 43 pages: dense eigh; 103: Lanczos
+@pytest.mark.parametrize("normalize", ["l2", "sum"])
+def test_near_degenerate_stars_converge_to_the_principal_eigenvector(
+    in_linkers: int, normalize: str
+) -> None:
+    num_nodes, edges = _near_degenerate_stars(in_linkers)
+    # lambda_2 / lambda_1 = 0.9974 (k=20) or 0.9996 (k=50): plain power iteration
+    # needs thousands of steps, so it fails within the default max_iter=1000.
+    with pytest.raises(RuntimeError, match="did not converge"):
+        reference_hits(num_nodes, edges, tol=1e-10, max_iter=1000)
+    matrix = adjacency_matrix(num_nodes, edges)
+    result = hits(matrix, normalize=normalize)  # type: ignore[arg-type]
+    assert result.iterations <= 1000
+    assert result.error <= 1e-10
+    _, vectors = np.linalg.eigh((matrix.T @ matrix).toarray())
+    authorities = vectors[:, -1] * np.sign(vectors[:, -1].sum())
+    hubs = matrix @ authorities
+    for vector in (authorities, hubs):
+        vector /= np.linalg.norm(vector) if normalize == "l2" else vector.sum()
+    np.testing.assert_allclose(result.authorities, authorities, atol=1e-9)
+    np.testing.assert_allclose(result.hubs, hubs, atol=1e-9)
+    assert result.authorities.min() >= 0.0 and result.hubs.min() >= 0.0
+
+
+def test_exactly_degenerate_top_eigenvalue_gives_the_all_ones_projection() -> None:
+    # Two identical copies of the perturbed star share lambda_1 exactly; the plain
+    # star just below keeps power iteration slow, so the fallback answers.
+    copy = _in_star(0, 50, extra=True)
+    edges = copy + [(u + 52, v + 52) for u, v in copy] + _in_star(104, 50)
+    matrix = adjacency_matrix(155, edges)
+    result = hits(matrix)
+    again = hits(matrix)
+    np.testing.assert_array_equal(result.authorities, again.authorities)
+    np.testing.assert_array_equal(result.hubs, again.hubs)
+    assert result.error <= 1e-10
+    expected = _top_projection(matrix, np.ones(155))
+    np.testing.assert_allclose(result.authorities, expected, atol=1e-9)
+    # Here (symmetric copies) projecting 1 or A^T 1 is the same; both copies count equally.
+    np.testing.assert_allclose(result.authorities, _top_projection(matrix, matrix.T @ np.ones(155)),
+                               atol=1e-9)
+    assert result.authorities[50] == pytest.approx(result.authorities[102], abs=1e-12)
+    assert result.authorities[154] == pytest.approx(0.0, abs=1e-9)  # the plain star
+
+
+def test_degenerate_top_eigenspace_keeps_kleinbergs_limit() -> None:
+    # An in-star (50 -> centre 50) and an out-star (page 51 -> 52..101) both have
+    # lambda = 50; a 49-star with an extra link (lambda 49.02) slows the iteration so
+    # the fallback answers. The iteration's limit projects a_1 = A^T 1 (not 1) onto
+    # the top eigenspace: centre 50 : each target 1.
+    edges = _in_star(0, 50) + [(51, 52 + i) for i in range(50)] + _in_star(102, 49, extra=True)
+    matrix = adjacency_matrix(153, edges)
+    result = hits(matrix, tol=1e-12, max_iter=10_000)
+    assert result.iterations < 1000  # power iteration alone needs ~1400 steps
+    hubs, authorities = reference_hits(153, edges, tol=1e-12)
+    np.testing.assert_allclose(result.authorities, authorities, atol=1e-9)
+    np.testing.assert_allclose(result.hubs, hubs, atol=1e-9)
+    assert result.authorities[50] == pytest.approx(50 / np.sqrt(2550), abs=1e-9)
+    np.testing.assert_allclose(result.authorities[52:102], 1 / np.sqrt(2550), atol=1e-9)
+    np.testing.assert_allclose(result.hubs[[*range(50), 51]], 1 / np.sqrt(51), atol=1e-9)
+
+
+def test_fallback_stays_within_max_iter() -> None:
+    num_nodes, edges = _near_degenerate_stars(50)
+    with pytest.raises(ConvergenceError) as caught:
+        hits(adjacency_matrix(num_nodes, edges), max_iter=12)
+    assert caught.value.iterations <= 12
