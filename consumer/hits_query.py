@@ -87,7 +87,8 @@ class HitsQuery:
         host_weighting: Bharat & Henzinger weights (:func:`consumer.hits_base.host_weights`).
         normalize: ``"l2"`` (Kleinberg) or ``"sum"`` (networkx).
         tol, max_iter: passed to :func:`ranker.hits` (tol bounds the L1 change of hubs
-            plus authorities in one step; default 1e-8).
+            plus authorities in one power step, or their eigen-residual when the
+            Lanczos fallback ran; max_iter caps both; default 1e-8).
     """
 
     text: str | None = None

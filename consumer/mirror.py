@@ -94,6 +94,7 @@ class Mirror:
                           publish_threshold=settings.publish_threshold,
                           max_iter=settings.max_iter)
         reports = ranks.cold_start(warm=dict(warm) if warm else None)
+        _report_dead_pages(reports, graph.live_mask())
         counters = replace(stored.counters, ids=n, links=graph.num_links,
                            pages=graph.num_live)
         log.info("mirror loaded from redis", extra={"fields": {
@@ -165,3 +166,20 @@ class Mirror:
     def offsets_fields(self) -> dict[str, int]:
         """``P offsets`` as published in meta (topic:partition -> next offset)."""
         return {offset_field(self.topic, p): off for p, off in sorted(self.offsets.items())}
+
+
+def _report_dead_pages(reports: Mapping[str, Any], live: np.ndarray) -> None:
+    """Add every removed page to the start reports' moved pages, so the start
+    publication ZREMs it.
+
+    ``cold_start`` reports live pages only. A crash between a graph transaction
+    that removed pages and the publication that would ZREM them otherwise leaves
+    their scores in ``P scores:{alg}`` for good (found by tests/faults). A moved
+    page that is not live is ZREMed; ZREM of an absent member is a no-op.
+    """
+    dead = np.flatnonzero(~live)
+    if not dead.size:
+        return
+    for report in reports.values():
+        report.moved_ids = np.concatenate([report.moved_ids, dead.astype(report.moved_ids.dtype)])
+        report.moved_scores = np.concatenate([report.moved_scores, np.zeros(dead.size)])

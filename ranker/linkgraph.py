@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from ranker import _kernels as K
+from ranker import _graph_kernels as K
 from rankstream.errors import InputError, RankstreamError
 
 _EMPTY_I32 = np.zeros(0, dtype=np.int32)

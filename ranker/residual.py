@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ranker import _graph_kernels as GK
 from ranker import _kernels as K
 from ranker.linkgraph import AppliedBatch, LinkGraph
 
@@ -165,7 +166,7 @@ class ResidualEngine:
         if self.kind == K.KIND_PAGERANK:
             return sources
         ends = np.concatenate([sources, targets]).astype(np.int32)
-        return K.union_with_rows(sources, ends, g.in_start, g.in_len, g.in_nbr, self.is_marked)
+        return GK.union_with_rows(sources, ends, g.in_start, g.in_len, g.in_nbr, self.is_marked)
 
     def retract(self, cols: np.ndarray) -> None:
         """Subtract the current contribution of ``cols`` (before the graph changes)."""
@@ -321,7 +322,9 @@ class ResidualEngine:
                 break  # reported as not fresh
             if peak <= eps and l1 > target:
                 # The dust below the threshold alone exceeds the target: go finer.
-                self.eps_scale = max(self.eps_scale / 4.0, 1.0)
+                floor = target / live_count
+                finer = min(eps / 4.0, peak / 2.0)  # below the peak, so something moves
+                self.eps_scale = max(finer / floor, 1.0) if floor > 0 else 1.0
                 lowered = True
                 target, eps = self._thresholds(total, y_max, live_count)
             if mode == "local" and K.enqueue_above(n, eps, self.r, self.queue, self.qstate,

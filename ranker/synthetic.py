@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ranker._kernels import copy_links
+from ranker._graph_kernels import copy_links
 from ranker.linkgraph import EdgeBatch, LinkGraph, sorted_unique
 
 
