@@ -17,13 +17,17 @@ links each. Phases, on a private topic and key prefix (deleted afterwards unless
 3. floors: the same adjacency is written again under a scratch prefix, in chunks
    of one consumer batch, by (a) a bare redis-py pipeline of grouped SADDs and
    (b) the consumer's bulk-script write path alone. (a) is the I/O floor the
-   target compares against;
+   target compares against. (c) a bare kafka-python ``KafkaConsumer`` with the
+   consumer's fetch settings reads the topic again (its record parsing is pure
+   Python, so it is a floor of its own);
 4. latency: a consumer subprocess restarts on the loaded graph (its restart time
    is reported) while the producer publishes ``--latency-events`` more events at
    a fixed rate (default: half of the measured throughput, capped at half the
    100k target) stamping each with the wall clock. A watcher polls
    ``P meta:pagerank`` every 10 ms; an event is visible when the published
-   offsets pass it. Latency = visible - stamped, p50/p99.
+   offsets pass it, and visible-fresh when they pass it with ``fresh = 1`` (the
+   publication's certified bound within the tolerance). Latency = visible -
+   stamped, p50/p99, both ways.
 
 Targets (issue 3): >= 100k link changes/s end to end on 2 cores; p99 <= 2 s at half
 that rate; end to end >= 0.5 x the bare redis-py floor.
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -48,6 +53,11 @@ import numpy as np
 import redis as redis_py
 
 from consumer.graph_write import GraphWrite, commit_graph, group_members
+from consumer.kafka_source import (
+    FETCH_MAX_BYTES,
+    MAX_PARTITION_FETCH_BYTES,
+    RECEIVE_MAX_BYTES,
+)
 from consumer.keys import Keys
 from consumer.redis_store import connect_redis, load_stored
 from consumer.service import ConsumeOptions, ConsumerService
@@ -106,27 +116,86 @@ class Throughput:
     events: int
     link_changes: int
     batches: int
+    phases: dict[str, float]  # summed per-batch phase times of the consumer's log
+    publications: list[dict[str, Any]]
 
     @property
     def links_per_s(self) -> float:
         return self.link_changes / self.seconds
 
 
+class LogCapture(logging.Handler):
+    """Keeps the consumer's structured ``batch`` and ``published`` records."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.batches: list[dict[str, Any]] = []
+        self.publications: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = getattr(record, "fields", None)
+        if fields is None:
+            return
+        if record.msg == "batch":
+            self.batches.append(fields)
+        elif record.msg == "published":
+            self.publications.append(fields)
+
+
+PHASES = ("plan_s", "rank_s", "prefetch_s", "wait_commit_s", "publish_s")
+
+
 def run_throughput(settings: Settings) -> Throughput:
+    capture = LogCapture()
+    logger = logging.getLogger("rankstream.consumer")
+    logger.addHandler(capture)
+    previous_level = logger.level
+    logger.setLevel(logging.INFO)
     service = ConsumerService(settings, ConsumeOptions(until_caught_up=True))
-    service.start()
-    started = time.perf_counter()
     try:
-        while not service.stop_event.is_set():
-            service.step()
-            if service._caught_up():
-                break
-        service.drain()  # the last publication: scores visible
+        service.start()
+        capture.publications.clear()  # the start publication is not part of the run
+        started = time.perf_counter()
+        try:
+            while not service.stop_event.is_set():
+                service.step()
+                if service._caught_up():
+                    break
+            service.drain()  # the last publication: scores visible
+        finally:
+            elapsed = time.perf_counter() - started
+            service.shutdown()
     finally:
-        elapsed = time.perf_counter() - started
-        service.shutdown()
+        logger.removeHandler(capture)
+        logger.setLevel(previous_level)
+    phases = {name: sum(float(b.get(name, 0.0)) for b in capture.batches) for name in PHASES}
     return Throughput(elapsed, service.stats.events, service.stats.link_changes,
-                      service.stats.batches)
+                      service.stats.batches, phases, capture.publications)
+
+
+def kafka_floor(settings: Settings, records: int) -> float:
+    """Records/s of a bare KafkaConsumer reading the topic from the start."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False,
+        max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES, fetch_max_bytes=FETCH_MAX_BYTES,
+        receive_message_max_bytes=RECEIVE_MAX_BYTES, fetch_max_wait_ms=100,
+        receive_buffer_bytes=4 * 1024 * 1024, max_poll_records=settings.batch_max_events,
+        **kafka_client_options(settings))
+    try:
+        parts = consumer.partitions_for_topic(settings.topic) or set()
+        consumer.assign([TopicPartition(settings.topic, p) for p in parts])
+        consumer.seek_to_beginning()
+        seen = 0
+        started = time.perf_counter()
+        while seen < records:
+            for batch in consumer.poll(timeout_ms=1000,
+                                       max_records=settings.batch_max_events).values():
+                seen += len(batch)
+        return seen / (time.perf_counter() - started)
+    finally:
+        consumer.close()
 
 
 def floors(client: redis_py.Redis, settings: Settings, batch_links: int) -> tuple[float, float]:
@@ -173,14 +242,15 @@ def run_latency(settings: Settings, stream: Sequence[tuple[bytes, bytes, int]],
             time.sleep(0.05)
         restart_s = time.perf_counter() - started
         sent: list[tuple[int, int, int]] = []  # (ts_ms, partition, offset)
-        samples: list[tuple[float, dict[str, int]]] = []
+        samples: list[tuple[float, dict[str, int], bool]] = []  # (ms, offsets, fresh)
         done = threading.Event()
 
         def watch() -> None:
             watcher = connect_redis(settings)
             while not done.is_set():
-                raw = watcher.hget(keys.meta("pagerank"), "offsets")
-                samples.append((time.time() * 1000, json.loads(raw) if raw else {}))
+                raw, fresh = watcher.hmget(keys.meta("pagerank"), ["offsets", "fresh"])
+                samples.append((time.time() * 1000, json.loads(raw) if raw else {},
+                                fresh == b"1"))
                 time.sleep(0.01)
 
         thread = threading.Thread(target=watch, daemon=True)
@@ -214,20 +284,52 @@ def run_latency(settings: Settings, stream: Sequence[tuple[bytes, bytes, int]],
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
-    latencies = []
-    times = np.array([t for t, _ in samples])
-    for ts, partition, offset in sent:
-        field = f"{settings.topic}:{partition}"
-        visible = np.array([o.get(field, 0) > offset for _, o in samples])
-        hits = np.flatnonzero(visible)
-        if hits.size:
-            latencies.append(times[hits[0]] - ts)
-    lat = np.array(latencies) / 1000.0
-    return {"restart_s": restart_s, "sent": float(len(sent)), "visible": float(lat.size),
-            "p50": float(np.percentile(lat, 50)) if lat.size else float("nan"),
-            "p99": float(np.percentile(lat, 99)) if lat.size else float("nan"),
-            "max": float(lat.max()) if lat.size else float("nan"),
-            "achieved_rate": len(stream) / produce_s}
+    times = np.array([t for t, _, _ in samples])
+    fresh = np.array([f for _, _, f in samples], dtype=bool)
+    result: dict[str, float] = {"restart_s": restart_s, "sent": float(len(sent)),
+                                "achieved_rate": len(stream) / produce_s}
+    # Offsets only grow: the running max per partition makes "first sample covering
+    # offset o" a binary search; next_usable[i] is the first usable sample >= i.
+    covered: dict[int, np.ndarray] = {}
+    for _, partition, _ in sent:
+        if partition not in covered:
+            field = f"{settings.topic}:{partition}"
+            covered[partition] = np.maximum.accumulate(
+                np.array([o.get(field, 0) for _, o, _ in samples] or [0]))
+    for name, usable in (("", np.ones_like(fresh)), ("fresh_", fresh)):
+        next_usable = np.full(len(samples) + 1, len(samples))
+        for i in range(len(samples) - 1, -1, -1):
+            next_usable[i] = i if usable[i] else next_usable[i + 1]
+        latencies = []
+        for ts, partition, offset in sent:
+            first = int(np.searchsorted(covered[partition], offset + 1))
+            hit = int(next_usable[min(first, len(samples))])
+            if hit < len(samples):
+                latencies.append(times[hit] - ts)
+        lat = np.array(latencies) / 1000.0
+        result[f"{name}visible"] = float(lat.size)
+        for label, q in (("p50", 50), ("p99", 99), ("max", 100)):
+            result[f"{name}{label}"] = float(np.percentile(lat, q)) if lat.size else float("nan")
+    result.update(publication_stats(log_path))
+    return result
+
+
+def publication_stats(log_path: str) -> dict[str, float]:
+    """Count, mean and max duration and mean members of the logged publications."""
+    rows = []
+    with open(log_path, encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            if '"published"' in line:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    seconds = np.array([float(r["seconds"]) for r in rows[1:]])  # [0]: the start one
+    members = np.array([float(r["members"]) for r in rows[1:]])
+    return {"publications": float(seconds.size),
+            "pub_mean_s": float(seconds.mean()) if seconds.size else float("nan"),
+            "pub_max_s": float(seconds.max()) if seconds.size else float("nan"),
+            "pub_members": float(members.mean()) if members.size else float("nan")}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -275,6 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{result.batches} batches in {result.seconds:.1f} s")
         batch_links = max(1, result.link_changes // max(result.batches, 1))
         bare, script = floors(client, settings, batch_links)
+        kafka_records = kafka_floor(settings, len(first))
 
         rate_links = args.rate or min(result.links_per_s, TARGET_LINKS_PER_S) / 2
         links_per_event = links / max(len(first), 1)
@@ -292,12 +395,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"({result.events / result.seconds:,.0f} events/s)")
         say(f"{'bare redis-py pipeline floor (same links)':<44}{bare:>12,.0f} links/s")
         say(f"{'consumer bulk-script write path alone':<44}{script:>12,.0f} links/s")
+        say(f"{'bare kafka-python KafkaConsumer':<44}{kafka_records * links_per_event:>12,.0f}"
+            f" links/s ({kafka_records:,.0f} records/s)")
         say(f"{'ratio end-to-end / bare floor':<44}{result.links_per_s / bare:>12.2f}"
             "   (target >= 0.5)")
+        phases = ", ".join(f"{k[:-2]} {v:.1f}" for k, v in result.phases.items())
+        pubs = result.publications
+        say(f"{'  consumer main thread, summed seconds':<44}  {phases}")
+        if pubs:
+            say(f"{'  publications during the run':<44}  {len(pubs)}, mean "
+                f"{np.mean([p['seconds'] for p in pubs]):.2f} s, "
+                f"{np.mean([p['members'] for p in pubs]):,.0f} members")
         say(f"{'latency rate (achieved)':<44}{latency['achieved_rate'] * links_per_event:>12,.0f}"
             f" link changes/s")
         say(f"{'event -> visible score p50 / p99 / max':<44}{latency['p50']:>8.3f} s"
-            f" / {latency['p99']:.3f} s / {latency['max']:.3f} s   (target p99 <= 2 s)")
+            f" / {latency['p99']:.3f} s / {latency['max']:.3f} s")
+        say(f"{'event -> visible fresh score p50 / p99 / max':<44}{latency['fresh_p50']:>8.3f} s"
+            f" / {latency['fresh_p99']:.3f} s / {latency['fresh_max']:.3f} s"
+            "   (target p99 <= 2 s)")
+        say(f"{'  publications during the latency phase':<44}  {latency['publications']:.0f}, "
+            f"mean {latency['pub_mean_s']:.2f} s, max {latency['pub_max_s']:.2f} s, "
+            f"{latency['pub_members']:,.0f} members")
         say(f"{'consumer restart on the loaded graph':<44}{latency['restart_s']:>10.1f} s")
         say(f"{'target >= 100k link changes/s':<44}"
             f"{'met' if result.links_per_s >= TARGET_LINKS_PER_S else 'NOT met':>12}")

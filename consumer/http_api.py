@@ -53,17 +53,24 @@ from rankstream.errors import (
     ServiceUnavailable,
 )
 
-__all__ = ["MAX_REQUEST_LINE_BYTES", "MAX_URL_CHARS", "create_app", "server_config"]
+__all__ = ["MAX_REQUEST_LINE_BYTES", "MAX_SCORE_URL_CHARS", "MAX_URL_CHARS", "create_app",
+           "server_config"]
 
 # A URL parameter may be this long (characters, before percent-encoding). Together
 # with MAX_SEEDS and MAX_QUERY_CHARS it bounds the request line: 50 seeds of 4096
 # four-byte characters percent-encode to 2.4 MB, under MAX_REQUEST_LINE_BYTES, so
 # every request the schema allows reaches the app and gets a proper status code.
 MAX_URL_CHARS = 4096
+# GET /score looks up ONE stored URL, so it takes any URL the consumer accepts with
+# its default limit (RANKSTREAM_MAX_URL_LENGTH, 8 KiB): a stored URL must round-trip
+# (tests/faults/test_input_limits.py). Percent-encoded it stays far below the
+# request-line limit.
+MAX_SCORE_URL_CHARS = 8192
 MAX_REQUEST_LINE_BYTES = 4 * 1024 * 1024
 Algorithm = Literal["pagerank", "wpr"]
 Scale = Literal["paper", "probability"]
 Url = Annotated[str, StringConstraints(min_length=1, max_length=MAX_URL_CHARS)]
+ScoreUrl = Annotated[str, StringConstraints(min_length=1, max_length=MAX_SCORE_URL_CHARS)]
 
 
 class ScoredPageModel(BaseModel):
@@ -192,7 +199,7 @@ def create_app(redis: Any, prefix: str, *, cache_ttl: int = DEFAULT_CACHE_TTL) -
     @app.get("/score", response_model=ScoreResponse,
              responses={**_ERRORS, 404: {"model": ErrorResponse}})
     def get_score(
-        url: Annotated[Url, Query(description="page URL (canonicalised before lookup)")],
+        url: Annotated[ScoreUrl, Query(description="page URL (canonicalised before lookup)")],
         algorithm: Annotated[Algorithm, Query()] = "pagerank",
         scale: Annotated[Scale, Query(description="paper y, or y / sum(y)")] = "paper",
     ) -> Any:

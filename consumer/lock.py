@@ -124,6 +124,12 @@ class ConsumerLock:
                 self.lost.clear()
                 return
             current: Any = self.client.get(self.key)
+            if current == self.value:
+                # Ours already: after a stall both writer threads find the lease gone
+                # and re-take it; the slower one must not mistake us for a stranger
+                # (found by tests/faults: the consumer stopped itself).
+                self.lost.clear()
+                return
             holder = Holder.decode(current)
             if (current is not None and holder is not None
                     and holder.host == self.holder.host and not _pid_alive(holder.pid)

@@ -5,7 +5,8 @@ The mirror is a cache of what Redis holds: the :class:`ranker.LinkGraph` (inside
 with its last-ts record, the removed-page flags, the counters and the offsets.
 It is built from Redis at start (:meth:`Mirror.load`) and rebuilt whenever it may
 disagree with Redis (another writer took the lease in between). During normal
-operation it is updated only after the batch's transaction committed.
+operation it runs at most one batch ahead of Redis: the batch whose transaction
+is in flight (the service publishes scores only for committed batches).
 """
 
 from __future__ import annotations
@@ -66,7 +67,6 @@ class Mirror:
         recovery, when the in-memory vectors are at least as good).
         """
         from ranker.incremental import LiveRanks
-
         from ranker.linkgraph import EdgeBatch, LinkGraph
         from rankstream.graph_updates import NO_TS, EventApplier
 
@@ -93,8 +93,10 @@ class Mirror:
         ranks = LiveRanks(graph, damping=settings.damping, tolerance=settings.tolerance,
                           publish_threshold=settings.publish_threshold,
                           max_iter=settings.max_iter)
+        # The first publication after a load replaces the ZSETs wholesale (see
+        # consumer.score_publisher), which also drops members of pages removed by a
+        # graph transaction whose publication a crash prevented.
         reports = ranks.cold_start(warm=dict(warm) if warm else None)
-        _report_dead_pages(reports, graph.live_mask())
         counters = replace(stored.counters, ids=n, links=graph.num_links,
                            pages=graph.num_live)
         log.info("mirror loaded from redis", extra={"fields": {
@@ -147,8 +149,12 @@ class Mirror:
         return PlannedBatch(write, applied, dict(partition_offsets), planned.removed_ids,
                             revived, messages, dead_letters)
 
-    def apply_committed(self, batch: PlannedBatch) -> dict[str, Any]:
-        """After EXEC succeeded: apply the batch to the graph and engines."""
+    def apply_planned(self, batch: PlannedBatch) -> dict[str, Any]:
+        """Apply the batch to the graph and engines (while or after its EXEC runs).
+
+        If its transaction then cannot commit (another consumer took the lease and
+        wrote), the mirror no longer matches Redis: the caller rebuilds it.
+        """
         n = self.graph.num_ids
         if n > len(self.removed_flag):
             self.removed_flag = np.concatenate(
@@ -167,19 +173,3 @@ class Mirror:
         """``P offsets`` as published in meta (topic:partition -> next offset)."""
         return {offset_field(self.topic, p): off for p, off in sorted(self.offsets.items())}
 
-
-def _report_dead_pages(reports: Mapping[str, Any], live: np.ndarray) -> None:
-    """Add every removed page to the start reports' moved pages, so the start
-    publication ZREMs it.
-
-    ``cold_start`` reports live pages only. A crash between a graph transaction
-    that removed pages and the publication that would ZREM them otherwise leaves
-    their scores in ``P scores:{alg}`` for good (found by tests/faults). A moved
-    page that is not live is ZREMed; ZREM of an absent member is a no-op.
-    """
-    dead = np.flatnonzero(~live)
-    if not dead.size:
-        return
-    for report in reports.values():
-        report.moved_ids = np.concatenate([report.moved_ids, dead.astype(report.moved_ids.dtype)])
-        report.moved_scores = np.concatenate([report.moved_scores, np.zeros(dead.size)])

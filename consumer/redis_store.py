@@ -62,9 +62,15 @@ def connect_redis(settings: Settings, *, client_name: str = "rankstream") -> red
 
 @contextlib.contextmanager
 def redis_errors(what: str) -> Iterator[None]:
-    """Translate redis-py errors: unreachable -> ServiceUnavailable, others -> ServiceError."""
+    """Translate redis-py errors: unreachable -> ServiceUnavailable, others -> ServiceError.
+
+    A refused password is a ServiceError, not "unavailable": redis-py raises it as a
+    ConnectionError subclass, and retrying it only delayed the error by a minute.
+    """
     try:
         yield
+    except redis.AuthenticationError as exc:
+        raise ServiceError(f"redis refused our credentials while {what}: {exc}") from exc
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise ServiceUnavailable(f"redis unavailable while {what}: {exc}") from exc
     except redis.RedisError as exc:

@@ -3,24 +3,27 @@
 One iteration: poll a batch -> validate (invalid -> dead-letter topic, confirmed)
 -> interpret into one net edge batch -> ONE fenced MULTI/EXEC with the graph
 changes and the next offsets -> apply to the in-memory engines -> publish the
-moved scores and meta (one more MULTI/EXEC) -> commit offsets to Kafka (for lag
-tools only) -> status heartbeat.
+scores and meta once that EXEC succeeded (see :mod:`consumer.score_publisher`)
+-> commit offsets to Kafka (for lag tools only) -> status heartbeat.
 
 Concurrency: the graph transaction runs on a writer thread while the main thread
-polls and decodes the next batch; publications run on a second writer thread and
-are coalesced (batches that finish while one is being written join the next).
+applies the same batch to the engines and polls and decodes the next one;
+publications run on a second writer thread and are coalesced (batches that
+finish while one is being written join the next). A publication only ever
+covers batches whose transaction committed.
 
 Failure handling (the decisions, see docs/redis-keys.md):
 
 * Redis errors around a transaction: the identical write is retried with bounded
   exponential backoff (0.1 s doubling to 5 s, with jitter; never a hot loop).
-  The write is idempotent, so a retry after an EXEC that did commit is harmless,
-  and the mirror stays valid: it is only updated after EXEC succeeds.
+  The write is idempotent, so a retry after an EXEC that did commit is harmless.
+  Nothing is published meanwhile, and the batch in flight is the only one the
+  mirror holds beyond Redis.
 * Lease lost (frozen past its TTL): if the lease is free we take it again; if
   Redis shows that nobody wrote in between (same graph version and offsets) we
-  carry on, otherwise the batch is dropped, the mirror is rebuilt from Redis and
-  Kafka is re-positioned at the Redis offsets. If another consumer holds the
-  lease we stop with an error.
+  carry on, otherwise the batch is dropped, the mirror (which may already hold
+  that batch) is rebuilt from Redis and Kafka is re-positioned at the Redis
+  offsets. If another consumer holds the lease we stop with an error.
 * Kafka errors while polling or sending dead letters: retried with the same
   backoff (dead letters may be sent twice; never lost).
 * SIGTERM/SIGINT: the current batch is finished and published, then a clean exit
@@ -51,7 +54,7 @@ from consumer.keys import Keys
 from consumer.lock import DEFAULT_TTL_MS, ConsumerLock, LockHeld, LockLost
 from consumer.mirror import Mirror, PlannedBatch
 from consumer.redis_store import connect_redis, redis_errors
-from consumer.score_publisher import PendingScores, Publication, ScorePublisher
+from consumer.score_publisher import Publication, ScorePublisher
 from consumer.stats import ConsumerStats, iso_now, lag_by_partition
 from rankstream.errors import InputError, ServiceUnavailable
 from rankstream.settings import Settings
@@ -73,7 +76,10 @@ class ConsumeOptions:
     lock_ttl_ms: int = DEFAULT_TTL_MS
     bulk_writes: bool = True
     status_interval_s: float = 1.0
-    min_publish_interval_s: float = 0.5
+    # Between the end of a publication and the start of the next (once caught up):
+    # a publication takes as long as its ZSET writes (seconds on a large graph that
+    # changes everywhere), so a longer pause only adds to the event-to-score latency.
+    min_publish_interval_s: float = 0.2
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 5.0
     stop_grace_s: float = 30.0
@@ -125,10 +131,17 @@ class ConsumerService:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graph-writer")
         self._pub_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="score-writer")
         self._prefetched: Fetched | None = None
-        self._publishing: Future[None] | None = None
-        self._pending = PendingScores()
+        self._publishing: Future[bool] | None = None
+        # Latest engine report per algorithm not yet published (publications are
+        # coalesced: they always carry the engines' current y).
+        self._pending: dict[str, Any] = {}
+        self._last_sent: dict[str, Any] = {}
         self._last_publication_end = 0.0
         self._last_publication_s = 0.0
+        self._lagging = False  # the last poll was a full batch: still catching up
+        # (graph version, P offsets fields) as of the last transaction that committed
+        self._committed: tuple[int, dict[str, int]] = (0, {})
+        self._regain_mutex = threading.Lock()
 
     # -- signals --------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -201,7 +214,9 @@ class ConsumerService:
         self.mirror = self._retry("loading the mirror",
                                   lambda: Mirror.load(self.redis, self.keys, settings))
         self.stats.load_seconds = self.mirror.load_seconds
-        self._publish(self.mirror.start_reports, ())
+        self._committed = (self.mirror.counters.version, self.mirror.offsets_fields())
+        self.publisher.reset()
+        self._publish(self.mirror.start_reports)
         self.source = self._retry("connecting to kafka", lambda: KafkaSource(settings))
         self.dlq = self._retry("connecting the dlq producer", lambda: DeadLetterSender(settings))
         partitions = self._retry("assigning partitions",
@@ -290,10 +305,9 @@ class ConsumerService:
         """Process one batch (the one fetched during the previous step, or a new one).
 
         Redis work is overlapped with CPU work on a single writer thread, which
-        keeps every write in order: while batch N's graph transaction runs, batch
-        N+1 is polled and decoded; while N's publication runs, N+1 is planned.
-        The mirror is still updated only after N's EXEC succeeded.
-        Returns the number of messages handled.
+        keeps every write in order: while batch N's graph transaction runs, the
+        engines absorb N and batch N+1 is polled and decoded; while a publication
+        runs, the next batches are processed. Returns the number of messages handled.
         """
         batch, self._prefetched = self._prefetched, None
         try:
@@ -326,14 +340,17 @@ class ConsumerService:
             self.stats.dlq_sent += len(letters)
         t_sent = time.perf_counter()
         commit = self._writer.submit(self._commit, planned)
+        # The engines absorb the batch while its transaction is in flight (Redis and
+        # this process work in parallel); scores are published only once it committed.
+        reports = mirror.apply_planned(planned)
+        t_rank = time.perf_counter()
         if not self.stop_event.is_set() and not self._would_be_caught_up(batch.next_offsets):
             self._prefetched = self.fetch()
         t_fetch = time.perf_counter()
         commit.result()
         t_commit = time.perf_counter()
-        reports = mirror.apply_committed(planned)
-        t_rank = time.perf_counter()
-        self._pending.add(reports, planned.removed_ids)
+        self._pending.update(reports)
+        self._lagging = len(batch.records) >= self.settings.batch_max_events
         self._maybe_publish()
         self._source().commit_for_monitoring(batch.next_offsets)
         done = time.perf_counter()
@@ -344,8 +361,9 @@ class ConsumerService:
             "moved": {a: int(r.moved_ids.size) for a, r in reports.items()},
             "modes": {a: str(r.mode) for a, r in reports.items()},
             "plan_s": round(t_plan - started, 4), "dlq_s": round(t_sent - t_plan, 4),
-            "prefetch_s": round(t_fetch - t_sent, 4), "wait_commit_s": round(t_commit - t_fetch, 4),
-            "rank_s": round(t_rank - t_commit, 4), "prepare_s": round(done - t_rank, 4)}})
+            "rank_s": round(t_rank - t_sent, 4), "prefetch_s": round(t_fetch - t_rank, 4),
+            "wait_commit_s": round(t_commit - t_fetch, 4),
+            "publish_s": round(done - t_commit, 4)}})
         self._heartbeat()
 
     def _would_be_caught_up(self, next_offsets: dict[int, int]) -> bool:
@@ -375,21 +393,28 @@ class ConsumerService:
         from ranker.linkgraph import EdgeBatch
 
         reports = mirror.ranks.apply(EdgeBatch())
-        self._pending.add(reports, ())
+        self._pending.update(reports)
         self._maybe_publish(force=True)  # does not wait; stats.fresh updates when it lands
         return True
 
     def _await_publication(self) -> None:
         in_flight, self._publishing = self._publishing, None
-        if in_flight is not None:
-            in_flight.result()
+        if in_flight is not None and not in_flight.result():
+            # The swap was refused (score keys not as recorded): the publisher has
+            # reset itself; publish again (a full replacement), with newer reports.
+            self._pending = {**self._last_sent, **self._pending}
 
     def _maybe_publish(self, *, force: bool = False) -> None:
-        """Start a publication of the pending scores unless one is still being written.
+        """Start a publication of the current scores unless one is still being written.
 
-        Coalescing: a publication rewrites every page that moved since the last one,
-        which on a fast-changing graph is most pages; batches arriving meanwhile
-        only add to the pending set, so publication cost never throttles the graph.
+        Coalescing: a publication carries the engines' current ``y``, so batches
+        applied while one is written are covered by the next. A publication is
+        written in small transactions that graph transactions interleave with (see
+        :mod:`consumer.score_publisher`), so it never stalls the graph; but on a
+        growing graph it rewrites most of the ZSET, which costs Redis CPU that the
+        graph needs too. While catching up (full batches) the gap after a
+        publication is at least as long as the publication took; once caught up it
+        is ``min_publish_interval_s``, so scores follow events closely.
         """
         if self._publishing is not None:
             if not self._publishing.done():
@@ -397,40 +422,55 @@ class ConsumerService:
             self._await_publication()  # surfaces its error, if any
         if not self._pending:
             return
-        # A publication is one atomic EXEC that holds Redis for its whole length, and
-        # graph transactions queue behind it: after one ends, leave Redis to the graph
-        # for at least as long as it took (and at least min_publish_interval_s).
-        gap = max(self.options.min_publish_interval_s, self._last_publication_s)
+        gap = self.options.min_publish_interval_s
+        if self._lagging:
+            gap = max(gap, self._last_publication_s)
         if not force and time.monotonic() - self._last_publication_end < gap:
             return
         mirror = self._mirror()
-        publication = self.publisher.prepare(mirror.ranks, self._pending,
+        reports, self._pending = self._pending, {}
+        publication = self.publisher.prepare(mirror.ranks, reports,
                                              version=mirror.counters.version,
                                              offsets=mirror.offsets_fields())
+        self._last_sent = reports
         self._publishing = self._pub_writer.submit(self._send_publication, publication)
 
     def _flush_publications(self) -> None:
         """Wait for the publication in flight, then publish what is pending and wait."""
         self._await_publication()
-        self._maybe_publish(force=True)
-        self._await_publication()
+        for _ in range(3):  # again only if a swap was refused (keys deleted behind us)
+            self._maybe_publish(force=True)
+            self._await_publication()
+            if not self._pending:
+                return
 
     def _commit(self, planned: PlannedBatch) -> None:
-        mirror = self._mirror()
         bulk = self.options.bulk_writes
+        self._fenced("committing the graph", lambda: commit_graph(
+            self.redis, self.keys, planned.write, fence=self.lock, bulk=bulk))
+        # Runs on the single writer thread, in batch order.
+        self._committed = (planned.write.counters.version,
+                           {**self._committed[1], **planned.write.offsets})
 
-        def attempt() -> int:
-            return commit_graph(self.redis, self.keys, planned.write, fence=self.lock, bulk=bulk)
-
+    def _fenced(self, what: str, action: Callable[[], T]) -> T:
+        """Run a fenced Redis write with retries; on a lease change continue or rebuild."""
         while True:
             try:
-                self._retry("committing the graph", attempt)
-                return
+                return self._retry(what, action)
             except (LockLost, redis.WatchError):
-                self._regain_lease(mirror)
+                self._regain_lease()
 
-    def _regain_lease(self, mirror: Mirror) -> None:
-        """The lease changed under a transaction: continue, rebuild or stop."""
+    def _regain_lease(self) -> None:
+        """The lease changed under a transaction: continue, rebuild or stop.
+
+        The graph writer and the publisher may both get here after one freeze; only
+        one at a time re-takes the lease (the other then finds it ours again, where
+        a second acquire would see the lease held and stop the consumer).
+        """
+        with self._regain_mutex:
+            self._regain_lease_locked()
+
+    def _regain_lease_locked(self) -> None:
         if self._retry("checking the lease", self.lock.still_ours):
             return  # the WATCH tripped for another reason (e.g. our key expired and came back)
         if not self._retry("taking the lease again", self.lock.reacquire):
@@ -439,9 +479,14 @@ class ConsumerService:
         with redis_errors("checking for foreign writes"):
             stored_version = self.redis.hget(self.keys.graph, "version")
             stored_offsets = self.redis.hgetall(self.keys.offsets)
-        ours = {k.encode(): str(v).encode() for k, v in mirror.offsets_fields().items()}
-        same_version = int(stored_version or 0) == mirror.counters.version
-        if same_version and dict(stored_offsets) == ours:
+        # Compared with the last transaction that committed (the mirror may already
+        # hold the batch whose transaction was refused).
+        version, offsets = self._committed
+        ours = {k: str(v) for k, v in offsets.items()}
+        raw: dict[bytes, bytes] = dict(stored_offsets)  # type: ignore[arg-type]
+        stored = {k.decode(): v.decode() for k, v in raw.items()
+                  if k.decode().rpartition(":")[0] == self.settings.topic}
+        if int(stored_version or 0) == version and stored == ours:
             log.warning("lease re-taken; nobody wrote meanwhile, continuing")
             return
         log.warning("lease re-taken after a foreign write; rebuilding the mirror")
@@ -450,42 +495,48 @@ class ConsumerService:
     def _rebuild(self) -> None:
         with contextlib.suppress(Exception):  # whatever was in flight is void now
             self._await_publication()
-        self._pending = PendingScores()  # the rebuilt mirror republishes every page
+        self._pending = {}  # the rebuilt mirror republishes every page
+        self.publisher.reset()
         self._prefetched = None
         old = self._mirror()
         warm = {alg: old.ranks.scores(alg) for alg in old.start_reports}
         self.mirror = self._retry("rebuilding the mirror",
                                   lambda: Mirror.load(self.redis, self.keys, self.settings,
                                                       warm=warm))
-        self._publish(self.mirror.start_reports, ())
+        self._committed = (self.mirror.counters.version, self.mirror.offsets_fields())
+        self._publish(self.mirror.start_reports)
         self._retry("seeking", lambda: self._source().seek(self._mirror().offsets))
 
-    def _publish(self, reports: dict[str, Any], removed_ids: Any) -> None:
+    def _publish(self, reports: dict[str, Any]) -> None:
         """Publish ``reports`` (and anything pending) now, synchronously."""
         self._await_publication()
-        self._pending.add(reports, removed_ids)
+        self._pending.update(reports)
         self._flush_publications()
 
-    def _send_publication(self, publication: Publication) -> None:
-        mirror = self._mirror()
+    def _send_publication(self, publication: Publication) -> bool:
+        """Write one publication, fenced; repeated whole after an error (idempotent)."""
         started = time.perf_counter()
-
-        def attempt() -> Any:
-            return self.publisher.send(publication, fence=self.lock)
-
-        while True:
-            try:
-                published = self._retry("publishing scores", attempt)
-                break
-            except (LockLost, redis.WatchError):
-                self._regain_lease(mirror)
-        self.stats.last_refresh_at = iso_now()
-        self.stats.last_refresh_seconds = time.perf_counter() - started
-        self._last_publication_s = self.stats.last_refresh_seconds
+        publisher, lock = self.publisher, self.lock
+        swapped = self._fenced("publishing scores",
+                               lambda: publisher.send(publication, fence=lock))
+        elapsed = time.perf_counter() - started
+        self._last_publication_s = elapsed
         self._last_publication_end = time.monotonic()
-        for item in published:
+        if not swapped:
+            log.warning("score keys changed behind our back; publishing a full replacement")
+            return False
+        self.stats.last_refresh_at = iso_now()
+        self.stats.last_refresh_seconds = elapsed
+        for item in publication.summary:
             self.stats.bound[item.algorithm] = item.bound
             self.stats.fresh[item.algorithm] = item.fresh
+        log.info("published", extra={"fields": {
+            "seconds": round(elapsed, 4), "chunks": len(publication.chunks),
+            "members": publication.members,
+            "written": {i.algorithm: i.written for i in publication.summary},
+            "unwritten": {i.algorithm: i.unwritten for i in publication.summary},
+            "fresh": {i.algorithm: i.fresh for i in publication.summary}}})
+        return True
 
     # -- status ---------------------------------------------------------------------
     def _set_state(self, state: str, *, force: bool = False) -> None:

@@ -6,14 +6,11 @@ import io
 import json
 import logging
 
-import numpy as np
-
 from consumer.dead_letters import DeadLetter, dead_letter_headers
 from consumer.jsonlog import JsonFormatter, safe_address
 from consumer.kafka_source import Record
-from consumer.keys import Keys
 from consumer.lock import Holder
-from consumer.score_publisher import is_fresh, meta_fields, score_commands
+from consumer.score_publisher import is_fresh, meta_fields
 from consumer.stats import ConsumerStats, RateMeter, lag_by_partition
 
 
@@ -24,18 +21,6 @@ def test_holder_round_trips_and_tolerates_garbage():
     assert odd is not None and odd.pid == -1
     assert Holder.decode(None) is None
     assert "pid 42 on host box" in holder.describe()
-
-
-def test_score_commands_add_live_and_remove_dead_pages():
-    keys = Keys("p:")
-    urls = ["u0", "u1", "u2", "u3"]
-    live = np.array([True, False, True, False])
-    cmds, written, removed = score_commands(
-        keys, "pagerank", np.array([0, 1, 2], np.int32), np.array([0.5, 0.0, 1.25]), live,
-        urls.__getitem__, removed_ids=[3, 2])  # 2 was removed earlier but is live again
-    assert cmds == [("ZADD", "p:scores:pagerank", 0.5, "u0", 1.25, "u2"),
-                    ("ZREM", "p:scores:pagerank", "u1", "u3")]
-    assert (written, removed) == (2, 2)
 
 
 def test_fresh_is_never_published_above_the_relative_tolerance():
@@ -90,17 +75,3 @@ def test_lag_and_rates():
     stats.record_batch(10, 100, 0.01)
     fields = stats.status_fields(topic="t", version=1, stale_ignored=2, dlq_total=3)
     assert fields["events"] == "10" and fields["dlq"] == "3" and json.loads(fields["lag"]) == {}
-
-
-def test_bulk_score_commands_pack_scores_and_join_urls():
-    from consumer.score_publisher import ZADD_SCRIPT
-
-    keys = Keys("p:")
-    urls = ["u0", "u1"]
-    cmds, written, removed = score_commands(
-        keys, "wpr", np.array([1, 0], np.int32), np.array([0.25, 1 / 3]), np.array([True, True]),
-        urls.__getitem__, bulk=True)
-    ((verb, script, nkeys, zkey, packed, members),) = cmds
-    assert (verb, script, nkeys, zkey) == ("EVAL", ZADD_SCRIPT, 0, "p:scores:wpr")
-    assert np.frombuffer(packed, "<f8").tolist() == [0.25, 1 / 3]
-    assert members == "u1\nu0" and (written, removed) == (2, 0)

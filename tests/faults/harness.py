@@ -1,0 +1,509 @@
+"""The fault-injection harness: a known event log, its replay, and the final audit.
+
+Every scenario follows the same shape:
+
+1. build a known log (:func:`build_log`): seeded synthetic events plus odd URLs,
+   re-delivered (duplicate) and stale ``page`` events, and invalid messages;
+2. replay it into Kafka (:class:`Replayer`, optionally at a fixed rate, in the
+   background) while the scenario injects its fault;
+3. let a consumer catch up, then :func:`audit` Redis against the graph the log
+   defines (computed offline with the same event semantics): no link lost, no
+   effect applied twice (counters are exact), offsets consistent in Redis, in the
+   score meta and in Kafka, every invalid message in the DLQ, and the published
+   scores within their certified bound of a cold recompute;
+4. :func:`record` a row for the summary table printed at the end of the session.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis as redis_py
+
+from consumer import readers
+from consumer.keys import ALGORITHMS, Keys
+from consumer.redis_store import load_stored
+from producer.client import LinkPublisher
+from producer.schema import Limits, decode_event, event_key
+from producer.synthetic import synthetic_event_dicts
+from ranker.linkgraph import LinkGraph
+from ranker.pagerank import pagerank
+from ranker.weighted_pagerank import weighted_pagerank
+from rankstream.errors import InputError
+from rankstream.graph_updates import EventApplier
+from rankstream.services import kafka_client_options
+from rankstream.settings import Settings
+
+# -- the known log ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Message:
+    """One Kafka message of the log: the exact bytes, keyed like the producer keys them."""
+
+    value: bytes
+    key: bytes
+
+
+ODD_URLS = (
+    "https://bücher.example/straße/ü?q=ä ö",
+    "https://pct.example/a%2Fb/%20x?y=%3D&z=%E2%82%AC",
+    "https://space.example/with space/and 'quotes' \"too\"",
+    "https://emoji.example/🙂/?",
+    "http://[::1]:8080/ipv6/path;params",
+    "file:///home/user/docs/index.html",
+    "https://long.example/search?" + "&".join(f"k{i}=v%20{i}" for i in range(600)),
+)
+
+BAD_MESSAGES = (
+    b'{"type": "page", "url": ',
+    b'{"type": "page", "url": "https://x.example/\xff", "links": []}',
+    json.dumps({"type": "page", "url": "https://x.example/", "links": 5}).encode(),
+    json.dumps({"type": "page", "links": []}).encode(),
+    json.dumps({"type": "crawl", "url": "https://x.example/"}).encode(),
+    json.dumps({"type": "link_added", "src": "ftp://x.example/", "dst": "https://y/"}).encode(),
+    json.dumps({"type": "page", "url": "relative/path", "links": []}).encode(),
+    json.dumps([1, 2, 3]).encode(),
+    b"NaN",
+)
+
+
+def encode(event: dict[str, Any]) -> Message:
+    raw = json.dumps(event, ensure_ascii=False).encode()
+    return Message(raw, event_key(decode_event(raw)))
+
+
+def build_log(count: int, *, seed: int, removals: bool = False, duplicates: float = 0.03,
+              stale: float = 0.02, invalid: float = 0.01, odd_urls: bool = True) -> list[Message]:
+    """A seeded log of about ``count`` messages.
+
+    ``removals=False`` leaves out ``page_removed``: only removals make the final
+    graph depend on how a multi-partition topic interleaves its partitions.
+    ``duplicates`` re-sends an earlier event unchanged, ``stale`` re-sends an
+    earlier ``page`` event with a ts older than the page's newest one, ``invalid``
+    inserts a message that must land in the DLQ (fractions of ``count``).
+    """
+    pick = random.Random(seed)
+    events = [e for e in synthetic_event_dicts(count, seed=seed, edit_fraction=0.3)
+              if removals or e["type"] != "page_removed"]
+    if odd_urls:
+        base_ts = events[-1]["ts"] if events else 0
+        for i, url in enumerate(ODD_URLS):
+            others = [u for u in ODD_URLS if u != url][: 3 + i % 3]
+            target = events[pick.randrange(len(events))]
+            hub = target.get("url") or target.get("src")
+            spot = pick.randrange(len(events) + 1)
+            events.insert(spot, {"type": "page", "url": url, "links": [*others, hub],
+                                 "title": f"odd {i}", "ts": base_ts + i})
+    out: list[Message] = []
+    pages_seen: list[dict[str, Any]] = []
+    for event in events:
+        out.append(encode(event))
+        if event["type"] == "page":
+            pages_seen.append(event)
+        roll = pick.random()
+        if roll < duplicates and out:
+            out.append(out[pick.randrange(len(out))])  # a re-delivery, byte for byte
+        elif roll < duplicates + stale and pages_seen:
+            old = dict(pages_seen[pick.randrange(len(pages_seen))])
+            old["ts"] = int(old.get("ts", 1)) - 1 - pick.randrange(1000)
+            old["links"] = [*list(old["links"])[:2], "https://stale.example/never"]
+            out.append(encode(old))
+        elif roll < duplicates + stale + invalid:
+            out.append(Message(BAD_MESSAGES[pick.randrange(len(BAD_MESSAGES))], b"bad"))
+    return out
+
+
+# -- replay --------------------------------------------------------------------------
+
+class Replayer:
+    """Publishes a log in order, at ``rate`` messages/s (None: as fast as possible).
+
+    Runs in a background thread once :meth:`start` is called, or inline with
+    :meth:`run`. Chunks are flushed (acknowledged by the broker) before the next
+    one, so ``published`` never counts a message the broker might not have.
+    """
+
+    def __init__(self, settings: Settings, log: Sequence[Message], *,
+                 rate: float | None = None, chunk: int = 50) -> None:
+        self.settings = settings
+        self.log = log
+        self.rate = rate
+        self.chunk = chunk
+        self.published = 0
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def run(self) -> None:
+        started = time.monotonic()
+        with LinkPublisher.from_settings(self.settings, delivery_timeout_ms=120_000,
+                                         max_block_ms=60_000,
+                                         request_timeout_ms=10_000) as publisher:
+            for begin in range(0, len(self.log), self.chunk):
+                part = self.log[begin:begin + self.chunk]
+                if self.rate:
+                    due = started + begin / self.rate
+                    time.sleep(max(0.0, due - time.monotonic()))
+                for message in part:
+                    publisher.publish_raw(message.value, message.key)
+                publisher.flush()
+                self.published = begin + len(part)
+
+    def start(self) -> Replayer:
+        def body() -> None:
+            try:
+                self.run()
+            except BaseException as exc:  # reported by join()
+                self.error = exc
+
+        self._thread = threading.Thread(target=body, name="replayer", daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def done(self) -> bool:
+        return self.published == len(self.log)
+
+    def join(self, timeout: float = 300.0) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise AssertionError("the replayer did not finish")
+        if self.error is not None:
+            raise AssertionError(f"replay failed: {self.error!r}") from self.error
+        assert self.done
+
+
+def replay(settings: Settings, log: Sequence[Message]) -> None:
+    """Publish the whole log now."""
+    Replayer(settings, log, chunk=500).run()
+
+
+# -- progress probes -------------------------------------------------------------------
+
+class Probe:
+    """Cheap reads of a consumer's progress from Redis."""
+
+    def __init__(self, client: redis_py.Redis, settings: Settings) -> None:
+        self.client = client
+        self.keys = Keys(settings.key_prefix)
+
+    def consumed(self) -> int:
+        """Messages whose effect is committed: the sum of ``P offsets``."""
+        return sum(int(v) for v in self.client.hvals(self.keys.offsets))
+
+    def beyond(self, count: int) -> Callable[[], bool]:
+        """A check for :func:`tests.faults.stack.wait_for`: consumed more than ``count``."""
+        return lambda: self.consumed() > count
+
+    def state(self) -> str:
+        raw = self.client.hget(self.keys.status, "state")
+        return raw.decode() if isinstance(raw, bytes) else ""
+
+    def published_version(self) -> int:
+        raw = self.client.hget(self.keys.meta("pagerank"), "version")
+        return int(raw) if raw else -1
+
+    def graph_version(self) -> int:
+        raw = self.client.hget(self.keys.graph, "version")
+        return int(raw) if raw else 0
+
+    def caught_up(self, total: int) -> bool:
+        """All ``total`` messages committed and the scores published for that graph."""
+        return (self.consumed() >= total
+                and self.published_version() == self.graph_version())
+
+
+# -- the audit -------------------------------------------------------------------------
+
+@dataclass
+class Expected:
+    """What the log defines, computed offline with the consumer's own event semantics."""
+
+    graph: LinkGraph
+    edges: set[tuple[str, str]]
+    pages: set[str]
+    applied: int
+    stale_ignored: int
+    invalid: list[bytes]
+    messages: int
+
+
+def expected_state(log: Sequence[Message], limits: Limits) -> Expected:
+    events = []
+    invalid = []
+    for message in log:
+        try:
+            events.append(decode_event(message.value, limits))
+        except InputError:
+            invalid.append(message.value)
+    graph = LinkGraph()
+    result = EventApplier(graph).apply(events)
+    graph.apply(result.batch)
+    src, dst = graph.edges()
+    edges = {(graph.key_of(s), graph.key_of(d)) for s, d in zip(src.tolist(), dst.tolist(),
+                                                                strict=True)}
+    pages = {graph.key_of(p) for p in range(graph.num_ids) if graph.is_live(p)}
+    return Expected(graph, edges, pages, result.applied, result.stale_ignored, invalid,
+                    len(log))
+
+
+def stored_graph(client: redis_py.Redis, settings: Settings
+                 ) -> tuple[set[tuple[str, str]], set[str]]:
+    """(links as URL pairs, live page URLs) as Redis holds them."""
+    stored = load_stored(client, Keys(settings.key_prefix), settings.topic)
+    urls = stored.urls
+    edges = {(urls[s], urls[d]) for s, d in zip(stored.edge_src.tolist(),
+                                                stored.edge_dst.tolist(), strict=True)}
+    dead = set(stored.removed.tolist())
+    return edges, {u for i, u in enumerate(urls) if i not in dead}
+
+
+def exact_scores(graph: LinkGraph, algorithm: str, damping: float) -> dict[str, float]:
+    """A cold recompute to 1e-12 (paper scale) over the live pages."""
+    solve = pagerank if algorithm == "pagerank" else weighted_pagerank
+    result = solve(graph.to_csr(), damping=damping, tol=1e-12, max_iter=10_000,
+                   alive=graph.live_mask())
+    return {graph.key_of(p): float(result.scores[p])
+            for p in range(graph.num_ids) if graph.is_live(p)}
+
+
+def kafka_end_offsets(settings: Settings, topic: str) -> dict[int, int]:
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None,
+                             **kafka_client_options(settings))
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        ends = consumer.end_offsets([TopicPartition(topic, p) for p in parts])
+        return {tp.partition: int(off) for tp, off in ends.items()}
+    finally:
+        consumer.close()
+
+
+def read_dead_letters(settings: Settings) -> list[tuple[bytes, dict[str, bytes]]]:
+    """Every message of the DLQ topic (value, headers), re-sends included."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    total = sum(kafka_end_offsets(settings, settings.dlq_topic).values())
+    if not total:
+        return []
+    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None,
+                             consumer_timeout_ms=15_000, **kafka_client_options(settings))
+    out: list[tuple[bytes, dict[str, bytes]]] = []
+    try:
+        consumer.assign([TopicPartition(settings.dlq_topic, 0)])
+        consumer.seek_to_beginning()
+        for message in consumer:
+            out.append((message.value, dict(message.headers)))
+            if len(out) >= total:
+                break
+    finally:
+        consumer.close()
+    return out
+
+
+def committed_group_offsets(settings: Settings) -> dict[int, int]:
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap,
+                             **kafka_client_options(settings))
+    try:
+        found = admin.list_consumer_group_offsets(settings.group_id)
+    finally:
+        admin.close()
+    return {tp.partition: int(meta.offset) for tp, meta in found.items()
+            if tp.topic == settings.topic}
+
+
+@dataclass
+class Audit:
+    """The outcome of :func:`audit`; :meth:`check` asserts it is clean."""
+
+    messages: int
+    links_expected: int
+    links_lost: int
+    links_spurious: int
+    pages_lost: int
+    pages_spurious: int
+    counter_excess: dict[str, int]
+    counter_missing: dict[str, int]
+    offsets: dict[str, int]
+    kafka_ends: dict[str, int]
+    meta_offsets: dict[str, dict[str, int]]
+    meta_versions: dict[str, int]
+    graph_version: int
+    group_offsets: dict[str, int]
+    dlq_unique: int
+    dlq_expected: int
+    dlq_resent: int
+    dlq_reasons_ok: bool
+    score_error: dict[str, float]  # L1 vs the cold recompute, relative to sum(y)
+    score_bound: dict[str, float]  # the published certified bound, relative to sum(y)
+    fresh: dict[str, bool]
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def duplicates(self) -> int:
+        """Effects applied twice: extra links or pages, counters above the log's."""
+        return self.links_spurious + self.pages_spurious + sum(self.counter_excess.values())
+
+    @property
+    def lost(self) -> int:
+        return self.links_lost + self.pages_lost + sum(self.counter_missing.values())
+
+    def check(self) -> None:
+        assert not self.problems, "; ".join(self.problems)
+
+
+def audit(client: redis_py.Redis, settings: Settings, log: Sequence[Message]) -> Audit:
+    """Compare Redis and Kafka with what ``log`` defines (see the module docstring)."""
+    expected = expected_state(log, Limits.from_settings(settings))
+    edges, pages = stored_graph(client, settings)
+    status = readers.status(client, settings.key_prefix)
+    counters = status["graph"]
+    want = {"version": expected.applied, "links": len(expected.edges),
+            "pages": len(expected.pages), "stale_ignored": expected.stale_ignored,
+            "dlq": len(expected.invalid)}
+    excess = {k: max(0, counters.get(k, 0) - v) for k, v in want.items()}
+    missing = {k: max(0, v - counters.get(k, 0)) for k, v in want.items()}
+    prefix = f"{settings.topic}:"
+    offsets = {k: v for k, v in status["offsets"].items() if k.startswith(prefix)}
+    ends = {f"{settings.topic}:{p}": off
+            for p, off in kafka_end_offsets(settings, settings.topic).items() if off > 0}
+    group = {f"{settings.topic}:{p}": off for p, off in committed_group_offsets(settings).items()}
+    letters = read_dead_letters(settings)
+    unique = {(h.get("source_partition"), h.get("source_offset")): (v, h) for v, h in letters}
+    reasons_ok = all(h.get("error") and h.get("source_topic") == settings.topic.encode()
+                     for _, h in unique.values())
+    meta_offsets: dict[str, dict[str, int]] = {}
+    meta_versions: dict[str, int] = {}
+    error: dict[str, float] = {}
+    bound: dict[str, float] = {}
+    fresh: dict[str, bool] = {}
+    for algorithm in ALGORITHMS:
+        meta = readers.meta(client, settings.key_prefix, algorithm)
+        meta_offsets[algorithm] = dict(meta.offsets or {})
+        meta_versions[algorithm] = meta.version
+        rows: Any = client.zrange(Keys(settings.key_prefix).scores(algorithm), 0, -1,
+                                  withscores=True)
+        published = {url.decode(): float(value) for url, value in rows}
+        exact = exact_scores(expected.graph, algorithm, settings.damping)
+        l1 = sum(abs(published.get(k, 0.0) - exact.get(k, 0.0))
+                 for k in set(published) | set(exact))
+        total = meta.total or 1.0
+        error[algorithm] = l1 / total
+        bound[algorithm] = meta.bound / total
+        fresh[algorithm] = meta.fresh
+    result = Audit(
+        messages=len(log), links_expected=len(expected.edges),
+        links_lost=len(expected.edges - edges), links_spurious=len(edges - expected.edges),
+        pages_lost=len(expected.pages - pages), pages_spurious=len(pages - expected.pages),
+        counter_excess={k: v for k, v in excess.items() if v},
+        counter_missing={k: v for k, v in missing.items() if v},
+        offsets=offsets, kafka_ends=ends, meta_offsets=meta_offsets,
+        meta_versions=meta_versions, graph_version=counters.get("version", 0),
+        group_offsets=group, dlq_unique=len(unique), dlq_expected=len(expected.invalid),
+        dlq_resent=len(letters) - len(unique), dlq_reasons_ok=reasons_ok,
+        score_error=error, score_bound=bound, fresh=fresh)
+    _find_problems(result, expected, unique)
+    return result
+
+
+def _find_problems(result: Audit, expected: Expected,
+                   unique: dict[Any, tuple[bytes, dict[str, bytes]]]) -> None:
+    p = result.problems
+    if result.lost:
+        p.append(f"lost: {result.links_lost} links, {result.pages_lost} pages, "
+                 f"counters short {result.counter_missing}")
+    if result.duplicates:
+        p.append(f"duplicated effects: {result.links_spurious} links, "
+                 f"{result.pages_spurious} pages, counters over {result.counter_excess}")
+    if result.offsets != result.kafka_ends:
+        p.append(f"P offsets {result.offsets} != Kafka end offsets {result.kafka_ends}")
+    for algorithm in ALGORITHMS:
+        if result.meta_offsets[algorithm] != result.offsets:
+            p.append(f"meta:{algorithm} offsets {result.meta_offsets[algorithm]} != "
+                     f"P offsets {result.offsets}")
+        if result.meta_versions[algorithm] != result.graph_version:
+            p.append(f"meta:{algorithm} version {result.meta_versions[algorithm]} != graph "
+                     f"version {result.graph_version}")
+        if not result.fresh[algorithm]:
+            p.append(f"{algorithm} not fresh at the end")
+        # The certified bound covers the ZSET as published; allow float rounding only.
+        if result.score_error[algorithm] > result.score_bound[algorithm] + 1e-9:
+            p.append(f"{algorithm}: L1 error {result.score_error[algorithm]:.3g} > "
+                     f"bound {result.score_bound[algorithm]:.3g} (relative)")
+    if result.group_offsets != result.offsets:
+        p.append(f"Kafka group offsets {result.group_offsets} != P offsets {result.offsets}")
+    if result.dlq_unique != result.dlq_expected:
+        p.append(f"DLQ holds {result.dlq_unique} distinct letters, expected "
+                 f"{result.dlq_expected}")
+    if sorted(v for v, _ in unique.values()) != sorted(expected.invalid):
+        p.append("DLQ letters differ from the log's invalid messages")
+    if not result.dlq_reasons_ok:
+        p.append("a dead letter lacks its error or source headers")
+
+
+# -- the summary table -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SummaryRow:
+    scenario: str
+    faults: int
+    events: int
+    links_lost: int
+    duplicates: int
+    max_recovery_s: float | None
+    bound: float | None  # the largest final relative bound of the published scores
+    error: float | None  # the largest measured relative L1 error vs the cold recompute
+    note: str = ""
+
+
+SUMMARY: list[SummaryRow] = []
+
+
+def record(scenario: str, *, faults: int, result: Audit | None, events: int | None = None,
+           recoveries: Iterable[float] = (), note: str = "") -> SummaryRow:
+    """Add one scenario's row to the session summary (printed by the conftest hook)."""
+    recoveries = list(recoveries)
+    row = SummaryRow(
+        scenario=scenario, faults=faults,
+        events=events if events is not None else (result.messages if result else 0),
+        links_lost=result.lost if result else 0,
+        duplicates=result.duplicates if result else 0,
+        max_recovery_s=max(recoveries) if recoveries else None,
+        bound=max(result.score_bound.values()) if result else None,
+        error=max(result.score_error.values()) if result else None,
+        note=note)
+    SUMMARY.append(row)
+    return row
+
+
+def summary_lines(rows: Sequence[SummaryRow]) -> list[str]:
+    """The table as Markdown lines (what docs/reliability.md shows)."""
+    def num(value: float | None, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    head = ("| scenario | faults injected | events replayed | links lost | duplicates | "
+            "max recovery (s) | final bound (rel.) | measured error (rel.) |")
+    lines = [head, "|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in rows:
+        lines.append(f"| {r.scenario} | {r.faults} | {r.events} | {r.links_lost} | "
+                     f"{r.duplicates} | {num(r.max_recovery_s, '.2f')} | {num(r.bound, '.2e')} "
+                     f"| {num(r.error, '.2e')} |")
+    recoveries = [r.max_recovery_s for r in rows if r.max_recovery_s is not None]
+    bounds = [r.bound for r in rows if r.bound is not None]
+    errors = [r.error for r in rows if r.error is not None]
+    lines.append(
+        f"| **all {len(rows)} scenarios** | {sum(r.faults for r in rows)} | "
+        f"{sum(r.events for r in rows)} | {sum(r.links_lost for r in rows)} | "
+        f"{sum(r.duplicates for r in rows)} | {num(max(recoveries, default=None), '.2f')} | "
+        f"{num(max(bounds, default=None), '.2e')} | {num(max(errors, default=None), '.2e')} |")
+    notes = [f"* {r.scenario}: {r.note}" for r in rows if r.note]
+    return lines + (["", *notes] if notes else [])

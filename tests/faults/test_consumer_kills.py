@@ -1,0 +1,155 @@
+"""SIGKILL of the consumer at random points, at least 20 times in one run.
+
+The kills rotate over four kinds. One comes after a random delay from the start
+of a consumer process (start-up, mirror loading and warm start included); one
+comes at a random moment after the process committed its first batch
+(mid-stream: polling, planning, ranking, Redis calls); two are aimed at the n-th
+graph transaction or the n-th publication step of the process (n random): when
+MONITOR shows its lease check (``GET P lock`` after ``WATCH P lock``, or inside a
+publication script), Redis is frozen (SIGSTOP), the consumer is SIGKILLed 0-20
+ms later while it waits inside its transaction, and Redis is thawed.
+Whatever bytes of the MULTI/EXEC had reached Redis then run without their client.
+Every kill is classified from the MONITOR timeline (tests/faults/monitor.py), and
+the run goes on until the classes that matter were each hit: a graph transaction
+and a score publication both killed in flight, and a transaction aborted before
+its EXEC. Meanwhile the log is replayed at a steady rate, so every restart finds
+a backlog. At the end one consumer catches up and the audit must be clean.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import random
+import threading
+import time
+from pathlib import Path
+
+from rankstream.services import RedisServer, freeze_redis, thaw_redis
+from tests.faults.harness import Probe, Replayer, audit, build_log, record
+from tests.faults.monitor import RedisMonitor
+from tests.faults.stack import FaultStack, consumers, wait_for
+
+MIN_KILLS = 20
+MAX_KILLS = 36
+LOG_EVENTS = 5000
+RATE = 70.0  # messages/s: the replay lasts about as long as the kills
+REQUIRED = ("graph transaction in flight", "publication in flight", "aborted")
+
+
+class ProgressLog:
+    """Samples ``P offsets`` every 20 ms from a thread, to time each recovery."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            try:
+                self.samples.append((time.monotonic(), self.probe.consumed()))
+            except Exception:  # a frozen Redis times out: keep sampling
+                continue
+
+    def first_progress(self, since: float, until: float, above: int) -> float | None:
+        for at, consumed in self.samples:
+            if since <= at <= until and consumed > above:
+                return at - since
+        return None
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class Freezer:
+    """SIGSTOPs Redis when called (from the monitor thread), noting the wall-clock time."""
+
+    def __init__(self, server: RedisServer) -> None:
+        self.server = server
+        self.at: list[float] = []
+
+    def __call__(self) -> None:
+        self.at.append(time.time())
+        freeze_redis(self.server)
+
+
+def covered(classes: collections.Counter[str]) -> bool:
+    return all(any(want in name and count for name, count in classes.items())
+               for want in REQUIRED)
+
+
+def test_sigkill_at_random_points(fault_stack: FaultStack, tmp_path: Path) -> None:
+    settings = fault_stack.scenario("kills", partitions=1, batch_max_events=25,
+                                    poll_timeout_ms=100)
+    log = build_log(LOG_EVENTS, seed=7, removals=True)
+    client = fault_stack.client()
+    probe = Probe(client, settings)
+    progress = ProgressLog(Probe(fault_stack.client(), settings))
+    monitor = RedisMonitor(fault_stack.redis.host, fault_stack.redis.port, settings.key_prefix)
+    rng = random.Random(20260101)
+    classes: collections.Counter[str] = collections.Counter()
+    recoveries: list[float] = []
+    replayer = Replayer(settings, log, rate=RATE).start()
+    try:
+        with consumers(settings, tmp_path) as spawn:
+            kills = 0
+            while kills < MIN_KILLS or (not covered(classes) and kills < MAX_KILLS):
+                before = probe.consumed()
+                started_wall = time.time()
+                proc = spawn()
+                spawned = time.monotonic()
+                mode = kills % 4
+                if mode == 0:  # anywhere, start-up included
+                    time.sleep(rng.uniform(0.2, 4.0))
+                    moment = proc.kill()
+                elif mode == 1:  # mid-stream: after the first batch of this process
+                    with contextlib.suppress(AssertionError):
+                        wait_for(probe.beyond(before), 20, "a first batch")
+                    time.sleep(rng.uniform(0.0, 1.0))
+                    moment = proc.kill()
+                else:  # aimed: at a graph transaction (2) or a publication (3)
+                    freeze = Freezer(fault_stack.redis)
+                    fired = monitor.arm(started_wall, rng.randint(1, 6), freeze,
+                                        scripted=mode == 3).wait(20)
+                    monitor.disarm()
+                    if not fired:  # no such step within 20 s: a timed kill then
+                        freeze()
+                    moment = freeze.at[0]
+                    try:
+                        if fired:  # let the client write its MULTI/EXEC (or not)
+                            time.sleep(rng.uniform(0, 0.02))
+                        proc.kill()
+                    finally:
+                        thaw_redis(fault_stack.redis)
+                kills += 1
+                recovered = progress.first_progress(spawned, time.monotonic(), before)
+                if recovered is not None:
+                    recoveries.append(recovered)
+                monitor.settle(0.25)
+                classes[monitor.classify(moment, started_wall)] += 1
+                assert proc.proc is not None and proc.proc.returncode == -9
+            replayer.join()
+            before = probe.consumed()
+            final = spawn("--until-caught-up")
+            spawned = time.monotonic()
+            assert final.wait(timeout=240) == 0, final.output()[-3000:]
+            recovered = progress.first_progress(spawned, time.monotonic(), before)
+            if recovered is not None:
+                recoveries.append(recovered)
+        wait_for(lambda: probe.caught_up(len(log)), 30, "the final publication")
+        result = audit(client, settings, log)
+    finally:
+        monitor.close()
+        progress.close()
+        client.close()
+    breakdown = ", ".join(f"{n} {name}" for name, n in sorted(classes.items()) if n)
+    print(f"\n{kills} kills: {breakdown}")
+    row = record("SIGKILL consumer at random points", faults=kills, result=result,
+                 recoveries=recoveries, note=f"{kills} kills: {breakdown}")
+    assert covered(classes), f"kill classes not all hit: {breakdown}"
+    result.check()
+    assert row.links_lost == 0 and row.duplicates == 0

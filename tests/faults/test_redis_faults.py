@@ -1,0 +1,123 @@
+"""Redis restarted, killed, unreachable and frozen while the consumer streams.
+
+All against the fault stack's own redis-server (AOF on, ``appendfsync everysec``),
+so restarting or freezing it disturbs no other test.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from rankstream.services import frozen_redis, kill_redis, start_redis, stop_redis
+from tests.faults.harness import Probe, Replayer, audit, build_log, record
+from tests.faults.stack import ConsumerProcess, FaultStack, consumers, wait_for
+
+FREEZE_SECONDS = 30.0
+UNREACHABLE_SECONDS = 5.0
+# A waiting consumer sleeps in socket reads and backoff; 5% of one core is generous.
+MAX_CPU_SHARE_WHILE_FROZEN = 0.05
+
+
+def log_lines(text: str) -> list[dict[str, object]]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def test_redis_restarted_killed_and_unreachable_mid_stream(fault_stack: FaultStack,
+                                                           tmp_path: Path) -> None:
+    settings = fault_stack.scenario("redis-restart", partitions=3, batch_max_events=40,
+                                    poll_timeout_ms=100)
+    log = build_log(1800, seed=31)
+    server = fault_stack.redis
+    client = fault_stack.client()
+    probe = Probe(client, settings)
+    recoveries: list[float] = []
+    unreachable_cpu: list[float] = []
+
+    def fault_then_recover(action: str, proc: ConsumerProcess) -> None:
+        wait_for(lambda: probe.consumed() > 0, 60, "progress before the fault")
+        before = probe.consumed()
+        if action == "restart":  # SIGTERM: Redis fsyncs the AOF and exits cleanly
+            stop_redis(server)
+            start_redis(server)
+        elif action == "unreachable":  # connection refused for a while
+            stop_redis(server)
+            cpu = proc.cpu_seconds()
+            time.sleep(UNREACHABLE_SECONDS)
+            unreachable_cpu.append(proc.cpu_seconds() - cpu)
+            start_redis(server)
+        else:  # SIGKILL: AOF loses at most what the kernel had not received
+            kill_redis(server)
+            start_redis(server)
+        recoveries.append(wait_for(lambda: probe.consumed() > before, 60,
+                                   f"progress after the Redis {action}"))
+
+    aof = client.config_get("appendonly")
+    assert {k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
+            for k, v in aof.items()} == {"appendonly": "yes"}
+    replayer = Replayer(settings, log, rate=150.0).start()
+    with consumers(settings, tmp_path) as spawn:
+        proc = spawn()
+        for action in ("restart", "unreachable", "kill"):
+            fault_then_recover(action, proc)
+            assert proc.alive(), proc.output()[-3000:]
+        replayer.join()
+        wait_for(lambda: probe.caught_up(len(log)), 120, "catching up")
+        assert proc.stop() == 0, proc.output()[-3000:]
+    lines = log_lines(proc.output())
+    retried = [line for line in lines if line.get("msg") == "retrying"]
+    assert retried, "the consumer never had to retry: did the faults reach it?"
+    result = audit(client, settings, log)
+    client.close()
+    share = unreachable_cpu[0] / UNREACHABLE_SECONDS
+    record(f"Redis restarted / killed / unreachable {UNREACHABLE_SECONDS:.0f} s", faults=3,
+           result=result, recoveries=recoveries,
+           note=f"{len(retried)} retries logged, consumer never exited; CPU while refused: "
+                f"{unreachable_cpu[0]:.2f} s in {UNREACHABLE_SECONDS:.0f} s")
+    assert share < MAX_CPU_SHARE_WHILE_FROZEN, "the consumer spun while Redis was down"
+    result.check()
+
+
+def test_redis_frozen_for_30_seconds(fault_stack: FaultStack, tmp_path: Path) -> None:
+    settings = fault_stack.scenario("redis-frozen", partitions=2, batch_max_events=40,
+                                    poll_timeout_ms=100)
+    log = build_log(1200, seed=41)
+    client = fault_stack.client()
+    probe = Probe(client, settings)
+    # The replay spans the freeze, so the consumer has work it cannot commit.
+    replayer = Replayer(settings, log, rate=1200 / (FREEZE_SECONDS + 10)).start()
+    with consumers(settings, tmp_path) as spawn:
+        proc = spawn()
+        wait_for(lambda: probe.consumed() > 100, 60, "progress before the freeze")
+        cpu_before = proc.cpu_seconds()
+        with frozen_redis(fault_stack.redis):
+            frozen_at = time.monotonic()
+            time.sleep(FREEZE_SECONDS)
+            cpu = proc.cpu_seconds() - cpu_before
+            frozen_for = time.monotonic() - frozen_at
+            assert proc.alive(), proc.output()[-3000:]
+        before = probe.consumed()
+        recovery = wait_for(lambda: probe.consumed() > before, 90, "progress after the thaw")
+        replayer.join()
+        wait_for(lambda: probe.caught_up(len(log)), 120, "catching up")
+        assert probe.state() == "running"
+        assert proc.stop() == 0, proc.output()[-3000:]
+    share = cpu / frozen_for
+    retaken = any(str(line.get("msg", "")).startswith("lease re-taken")
+                  for line in log_lines(proc.output()))
+    assert share < MAX_CPU_SHARE_WHILE_FROZEN, f"consumer used {cpu:.2f} s CPU while frozen"
+    result = audit(client, settings, log)
+    client.close()
+    record("Redis frozen (SIGSTOP) 30 s", faults=1, result=result, recoveries=[recovery],
+           note=f"consumer CPU while frozen: {cpu:.3f} s in {frozen_for:.0f} s "
+                f"({100 * share:.2f}% of a core); lease expired meanwhile: "
+                f"{'re-taken' if retaken else 'still held'}")
+    result.check()

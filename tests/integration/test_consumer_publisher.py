@@ -1,0 +1,215 @@
+"""Double-buffered score publications against the real redis-server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import redis as redis_py
+
+from consumer.keys import Keys
+from consumer.lock import ConsumerLock, LockLost
+from consumer.redis_store import connect_redis
+from consumer.score_publisher import ScorePublisher
+from rankstream.services.testing import Isolated
+
+ALGORITHMS = ("pagerank", "wpr")
+
+
+@dataclass
+class Report:
+    bound: float
+    total: float
+    fresh: bool = True
+    mode: str = "local"
+
+
+@dataclass
+class FakeGraph:
+    urls: list[str] = field(default_factory=list)
+    live: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+    @property
+    def num_ids(self) -> int:
+        return len(self.urls)
+
+    def key_of(self, pid: int) -> str:
+        return self.urls[pid]
+
+    def live_mask(self) -> np.ndarray:
+        return self.live
+
+
+@dataclass
+class FakeRanks:
+    """What ScorePublisher reads from ranker.LiveRanks: the graph and y per algorithm."""
+
+    graph: FakeGraph
+    y: dict[str, np.ndarray]
+
+    def scores(self, algorithm: str) -> np.ndarray:
+        return self.y[algorithm]
+
+
+@pytest.fixture
+def client(isolated: Isolated) -> redis_py.Redis:
+    return connect_redis(isolated.settings)
+
+
+def zset(client: redis_py.Redis, key: str) -> dict[str, float]:
+    return {m.decode(): s for m, s in client.zrange(key, 0, -1, withscores=True)}
+
+
+def evolve(rng: np.random.Generator, ranks: FakeRanks, step: int) -> None:
+    """New pages, some deaths and revivals, moves big and tiny."""
+    graph = ranks.graph
+    grow = int(rng.integers(0, 40))
+    graph.urls.extend(f"https://h{i % 5}.example.org/p{i}" for i in
+                      range(graph.num_ids, graph.num_ids + grow))
+    live = np.concatenate([graph.live, np.ones(grow, dtype=bool)])
+    flip = rng.random(live.size) < 0.05
+    live[flip] = ~live[flip]
+    graph.live = live
+    for algorithm in ALGORITHMS:
+        y = np.concatenate([ranks.y.get(algorithm, np.zeros(0)), 0.15 + rng.random(grow)])
+        y = y + np.where(rng.random(y.size) < 0.5, rng.random(y.size) * 1e-3,
+                         rng.random(y.size) * 1e-9)
+        y[~live] = 0.0
+        ranks.y[algorithm] = y
+
+
+def check(client: redis_py.Redis, keys: Keys, ranks: FakeRanks, reports: dict[str, Report]
+          ) -> None:
+    graph = ranks.graph
+    live_urls = {graph.urls[i] for i in np.flatnonzero(graph.live)}
+    for algorithm in ALGORITHMS:
+        shown = zset(client, keys.scores(algorithm))
+        assert set(shown) == live_urls  # membership is always exact
+        y = {graph.urls[i]: float(ranks.y[algorithm][i]) for i in np.flatnonzero(graph.live)}
+        drift = sum(abs(shown[u] - y[u]) for u in y)
+        meta = client.hgetall(keys.meta(algorithm))
+        bound = float(meta[b"bound"])
+        # What bound certifies, with the engine's own bound as the exactness gap.
+        assert drift <= bound - reports[algorithm].bound + 1e-12
+        assert float(meta[b"engine_bound"]) == reports[algorithm].bound
+
+
+@pytest.mark.parametrize("bulk", [True, False], ids=["script", "plain"])
+def test_publications_show_y_within_the_bound_through_swaps(isolated, client, bulk):
+    keys = Keys(isolated.key_prefix)
+    publisher = ScorePublisher(client, keys, damping=0.85, tolerance=1e-4,
+                               publish_threshold=1e-10, bulk=bulk, chunk_members=7)
+    rng = np.random.default_rng(3)
+    ranks = FakeRanks(FakeGraph(), {})
+    # Leftovers of an earlier run: a stale member and a stale back buffer.
+    client.zadd(keys.scores("pagerank"), {"https://gone.example.org/": 1.0})
+    client.zadd(publisher.back_key("wpr"), {"https://junk.example.org/": 2.0})
+    publisher.reset()
+    for step in range(25):
+        evolve(rng, ranks, step)
+        total = {a: float(ranks.y[a].sum()) for a in ALGORITHMS}
+        reports = {a: Report(bound=1e-5 * total[a], total=total[a]) for a in ALGORITHMS}
+        publication = publisher.prepare(ranks, reports, version=step, offsets={"t:0": step})
+        assert publisher.send(publication)
+        published = publication.summary
+        assert [p.algorithm for p in published] == list(ALGORITHMS)
+        check(client, keys, ranks, reports)
+        if step > 2:
+            # The tolerance leaves room: some tiny moves wait, and that is accounted.
+            assert all(p.fresh for p in published)
+    assert any(p.unwritten for p in published)
+
+
+def test_the_swap_runs_at_most_once(isolated, client):
+    keys = Keys(isolated.key_prefix)
+    publisher = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6,
+                               publish_threshold=0.0)
+    rng = np.random.default_rng(5)
+    ranks = FakeRanks(FakeGraph(), {})
+    publisher.reset()
+    for step in range(4):
+        evolve(rng, ranks, step)
+        reports = {a: Report(bound=0.0, total=float(ranks.y[a].sum())) for a in ALGORITHMS}
+        publication = publisher.prepare(ranks, reports, version=step, offsets={})
+        for chunk in publication.chunks:
+            publisher.send_chunk(publication, chunk)
+        assert publisher.send_swap(publication)
+        # A retry after an EXEC that committed (lost reply) must neither write into
+        # the buffer that is now the back one nor swap back.
+        for chunk in publication.chunks:
+            publisher.send_chunk(publication, chunk)
+        assert publisher.send_swap(publication)
+        publisher.finish(publication)
+        check(client, keys, ranks, reports)
+
+
+def test_score_keys_deleted_behind_our_back_lead_to_a_full_replacement(isolated, client):
+    keys = Keys(isolated.key_prefix)
+    publisher = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6,
+                               publish_threshold=0.0)
+    rng = np.random.default_rng(9)
+    ranks = FakeRanks(FakeGraph(), {})
+    publisher.reset()
+    for step in range(6):
+        evolve(rng, ranks, step)
+        reports = {a: Report(bound=0.0, total=float(ranks.y[a].sum())) for a in ALGORITHMS}
+        if step == 3:
+            client.delete(keys.scores("wpr"))
+            before = client.hgetall(keys.meta("wpr"))
+            refused = publisher.prepare(ranks, reports, version=step, offsets={})
+            assert not publisher.send(refused)  # nothing made visible ...
+            assert client.hgetall(keys.meta("wpr")) == before  # ... not even meta
+        publication = publisher.prepare(ranks, reports, version=step, offsets={})
+        assert publisher.send(publication)
+        check(client, keys, ranks, reports)
+
+
+def test_fenced_chunks_abort_when_the_lease_changes(isolated, client):
+    keys = Keys(isolated.key_prefix)
+    lock = ConsumerLock(client, keys.lock, ttl_ms=5000)
+    lock.acquire()
+    publisher = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6,
+                               publish_threshold=0.0)
+    ranks = FakeRanks(FakeGraph(["https://a.org/", "https://b.org/"],
+                                np.array([True, True])),
+                      {a: np.array([0.5, 0.25]) for a in ALGORITHMS})
+    publisher.reset()
+    reports = {a: Report(bound=0.0, total=0.75) for a in ALGORITHMS}
+    publication = publisher.prepare(ranks, reports, version=1, offsets={})
+    client.set(keys.lock, b"someone else")
+    adds = [c for c in publication.chunks if c.op == "ZADD"]
+    with pytest.raises(LockLost):
+        publisher.send_chunk(publication, adds[0], fence=lock)
+    with pytest.raises(LockLost):
+        publisher.send_swap(publication, fence=lock)
+    assert client.exists(adds[0].key) == 0
+    assert client.exists(keys.meta("pagerank")) == 0
+
+
+def test_a_pipelined_publication_is_fenced_and_repeatable(isolated, client):
+    keys = Keys(isolated.key_prefix)
+    lock = ConsumerLock(client, keys.lock, ttl_ms=5000)
+    lock.acquire()
+    publisher = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6,
+                               publish_threshold=0.0, chunk_members=3)
+    rng = np.random.default_rng(11)
+    ranks = FakeRanks(FakeGraph(), {})
+    publisher.reset()
+    for step in range(3):
+        evolve(rng, ranks, step)
+        reports = {a: Report(bound=0.0, total=float(ranks.y[a].sum())) for a in ALGORITHMS}
+        publication = publisher.prepare(ranks, reports, version=step, offsets={})
+        assert publisher.send_pipelined(publication, fence=lock)
+        assert publisher.send_pipelined(publication, fence=lock)  # a retry: no swap back
+        publisher.finish(publication)
+        check(client, keys, ranks, reports)
+    before = {a: zset(client, keys.scores(a)) for a in ALGORITHMS}
+    evolve(rng, ranks, 3)
+    reports = {a: Report(bound=0.0, total=float(ranks.y[a].sum())) for a in ALGORITHMS}
+    publication = publisher.prepare(ranks, reports, version=3, offsets={})
+    client.set(keys.lock, b"someone else")
+    with pytest.raises(LockLost):
+        publisher.send_pipelined(publication, fence=lock)
+    assert {a: zset(client, keys.scores(a)) for a in ALGORITHMS} == before
+    assert client.hget(keys.meta("pagerank"), "version") == b"2"

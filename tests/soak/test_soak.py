@@ -1,0 +1,176 @@
+"""Soak: hold the pipeline at its target rate and watch memory, lag, DLQ and freshness.
+
+By hand only (docs/reliability.md)::
+
+    RANKSTREAM_SOAK_SECONDS=600 .venv/bin/pytest tests/soak -s        # the real run
+    RANKSTREAM_SOAK_SECONDS=60 .venv/bin/pytest tests/soak -s         # does it work?
+
+Optional: ``RANKSTREAM_SOAK_RATE`` (page events/s, default 5000: with ~10 links
+each that is 50k link changes/s, half the end-to-end target of issue 3, the rate
+at which freshness is promised), ``RANKSTREAM_SOAK_PAGES`` (size of the page
+universe, default 100k), ``RANKSTREAM_SOAK_REPORT`` (write the samples as JSON).
+
+The stream re-crawls a FIXED universe of pages (random page, ~10 random links,
+increasing ts), so the graph stops growing once every page has been crawled and
+the consumer's memory must plateau. One message in a thousand is garbage, so the
+dead-letter path runs too. Every ``sample_s`` seconds the test records the
+consumer's RSS, the lag from ``P status``, the dead-letter count, and the
+freshness: the age of the newest event the published scores reflect (the
+``version`` in ``P meta:pagerank`` counts applied events; the producer knows when
+it sent the version-th valid event).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consumer.keys import Keys
+from producer.client import LinkPublisher
+from rankstream.services.testing import Isolated, redis_client
+from tests.faults.stack import consumers, wait_for
+
+SECONDS = float(os.environ.get("RANKSTREAM_SOAK_SECONDS", "0") or 0)
+RATE = float(os.environ.get("RANKSTREAM_SOAK_RATE", "5000"))
+PAGES = int(os.environ.get("RANKSTREAM_SOAK_PAGES", "100000"))
+REPORT = os.environ.get("RANKSTREAM_SOAK_REPORT")
+GARBAGE_EVERY = 1000
+LINKS = 10
+
+pytestmark = pytest.mark.skipif(not SECONDS, reason="soak runs by hand: set "
+                                "RANKSTREAM_SOAK_SECONDS (600 for the real run)")
+
+
+class SteadyProducer:
+    """Publishes re-crawls of a fixed page universe at ``rate`` events/s from a thread."""
+
+    def __init__(self, publisher: LinkPublisher, rate: float, pages: int, seconds: float) -> None:
+        self.publisher = publisher
+        self.rate = rate
+        self.seconds = seconds
+        self.urls = [f"https://soak{i % 97}.example/page/{i}" for i in range(pages)]
+        self.sent_valid: list[float] = []  # send time of the k-th valid event
+        self.garbage = 0
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="soak-producer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        try:
+            self._produce()
+        except BaseException as exc:
+            self.error = exc
+
+    def _produce(self) -> None:
+        pick = random.Random(5)
+        urls = self.urls
+        started = time.monotonic()
+        sent = 0
+        while True:
+            now = time.monotonic()
+            if now - started >= self.seconds:
+                break
+            due = int((now - started) * self.rate)
+            while sent < due:
+                sent += 1
+                if sent % GARBAGE_EVERY == 0:
+                    self.publisher.publish_raw(b'{"type": "page", "url": ', b"garbage")
+                    self.garbage += 1
+                    continue
+                page = urls[pick.randrange(len(urls))]
+                links = [urls[pick.randrange(len(urls))] for _ in range(LINKS)]
+                value = json.dumps({"type": "page", "url": page, "links": links,
+                                    "ts": int(time.time() * 1000)}).encode()
+                self.publisher.publish_raw(value, page.encode())
+                self.sent_valid.append(time.time())
+            time.sleep(0.005)
+        self.publisher.flush()
+
+    def sent_at(self, version: int) -> float | None:
+        """When the ``version``-th valid event was sent (None before any)."""
+        if version <= 0 or not self.sent_valid:
+            return None
+        return self.sent_valid[min(version, len(self.sent_valid)) - 1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def test_soak(isolated: Isolated, tmp_path: Path) -> None:
+    settings = isolated.settings
+    keys = Keys(settings.key_prefix)
+    client = redis_client(settings)
+    sample_s = max(1.0, min(10.0, SECONDS / 60))
+    samples: list[dict[str, Any]] = []
+    freshness: list[float] = []
+    with consumers(settings, tmp_path) as spawn, \
+            LinkPublisher.from_settings(settings, linger_ms=50) as publisher:
+        proc = spawn("--log-level", "WARNING")
+        wait_for(lambda: client.hget(keys.status, "state") == b"running", 120, "the consumer")
+        producer = SteadyProducer(publisher, RATE, PAGES, SECONDS)
+        started = time.time()
+        producer.start()
+        next_sample = started
+        while time.time() - started < SECONDS:
+            time.sleep(0.5)
+            assert proc.alive(), proc.output()[-3000:]
+            version = int(client.hget(keys.meta("pagerank"), "version") or 0)
+            sent = producer.sent_at(version)
+            now = time.time()
+            if sent is not None:
+                freshness.append(now - sent)
+            if now >= next_sample:
+                next_sample += sample_s
+                status = client.hgetall(keys.status)
+                samples.append({
+                    "t": round(now - started, 1), "rss_mb": round(proc.rss_bytes() / 2**20, 1),
+                    "lag": int(status.get(b"lag_total", b"0") or 0),
+                    "dlq": int(client.hget(keys.graph, "dlq") or 0),
+                    "freshness_s": round(now - sent, 2) if sent else None,
+                    "sent": len(producer.sent_valid) + producer.garbage,
+                    "applied": version,
+                    "events_per_s": float(status.get(b"events_per_s", b"0") or 0)})
+                print(samples[-1], flush=True)
+        producer.join()
+        total = len(producer.sent_valid) + producer.garbage
+        wait_for(lambda: sum(int(v) for v in client.hvals(keys.offsets)) >= total, 300,
+                 "catching up after the soak")
+        assert proc.stop() == 0, proc.output()[-3000:]
+    dlq = int(client.hget(keys.graph, "dlq") or 0)
+    client.close()
+    half = [s["rss_mb"] for s in samples[len(samples) // 2:]]
+    report = {
+        "seconds": SECONDS, "target_rate": RATE, "pages": PAGES,
+        "achieved_rate": round(total / SECONDS, 1),
+        "rss_mb_first": samples[0]["rss_mb"] if samples else None,
+        "rss_mb_mid": half[0] if half else None, "rss_mb_max": max(s["rss_mb"] for s in samples),
+        "rss_mb_end": samples[-1]["rss_mb"] if samples else None,
+        "lag_max": max(s["lag"] for s in samples), "dlq": dlq, "garbage_sent": producer.garbage,
+        "freshness_p50_s": round(statistics.median(freshness), 3) if freshness else None,
+        "freshness_p99_s": round(percentile(freshness, 0.99), 3),
+        "freshness_max_s": round(max(freshness), 3) if freshness else None,
+        "samples": samples,
+    }
+    print(json.dumps({k: v for k, v in report.items() if k != "samples"}, indent=1))
+    if REPORT:
+        Path(REPORT).write_text(json.dumps(report, indent=1))
+    assert dlq == producer.garbage  # every garbage message dead-lettered, none twice
+    if SECONDS >= 300:  # memory must plateau: the second half grows by under 10%
+        assert max(half) <= 1.10 * half[0], report
