@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from rankstream.settings import Settings
-from tests.faults.harness import SUMMARY, summary_lines
 from tests.faults.stack import FaultStack, start_stack, stop_stack
+from tests.faults.summary import SUMMARY, summary_lines
 
 _HERE = Path(__file__).parent
 

@@ -11,7 +11,8 @@ Every scenario follows the same shape:
    effect applied twice (counters are exact), offsets consistent in Redis, in the
    score meta and in Kafka, every invalid message in the DLQ, and the published
    scores within their certified bound of a cold recompute;
-4. :func:`record` a row for the summary table printed at the end of the session.
+4. record a row for the summary table printed at the end of the session
+   (:mod:`tests.faults.summary`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -448,62 +449,3 @@ def _find_problems(result: Audit, expected: Expected,
         p.append("DLQ letters differ from the log's invalid messages")
     if not result.dlq_reasons_ok:
         p.append("a dead letter lacks its error or source headers")
-
-
-# -- the summary table -----------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SummaryRow:
-    scenario: str
-    faults: int
-    events: int
-    links_lost: int
-    duplicates: int
-    max_recovery_s: float | None
-    bound: float | None  # the largest final relative bound of the published scores
-    error: float | None  # the largest measured relative L1 error vs the cold recompute
-    note: str = ""
-
-
-SUMMARY: list[SummaryRow] = []
-
-
-def record(scenario: str, *, faults: int, result: Audit | None, events: int | None = None,
-           recoveries: Iterable[float] = (), note: str = "") -> SummaryRow:
-    """Add one scenario's row to the session summary (printed by the conftest hook)."""
-    recoveries = list(recoveries)
-    row = SummaryRow(
-        scenario=scenario, faults=faults,
-        events=events if events is not None else (result.messages if result else 0),
-        links_lost=result.lost if result else 0,
-        duplicates=result.duplicates if result else 0,
-        max_recovery_s=max(recoveries) if recoveries else None,
-        bound=max(result.score_bound.values()) if result else None,
-        error=max(result.score_error.values()) if result else None,
-        note=note)
-    SUMMARY.append(row)
-    return row
-
-
-def summary_lines(rows: Sequence[SummaryRow]) -> list[str]:
-    """The table as Markdown lines (what docs/reliability.md shows)."""
-    def num(value: float | None, fmt: str) -> str:
-        return "-" if value is None else format(value, fmt)
-
-    head = ("| scenario | faults injected | events replayed | links lost | duplicates | "
-            "max recovery (s) | final bound (rel.) | measured error (rel.) |")
-    lines = [head, "|---|--:|--:|--:|--:|--:|--:|--:|"]
-    for r in rows:
-        lines.append(f"| {r.scenario} | {r.faults} | {r.events} | {r.links_lost} | "
-                     f"{r.duplicates} | {num(r.max_recovery_s, '.2f')} | {num(r.bound, '.2e')} "
-                     f"| {num(r.error, '.2e')} |")
-    recoveries = [r.max_recovery_s for r in rows if r.max_recovery_s is not None]
-    bounds = [r.bound for r in rows if r.bound is not None]
-    errors = [r.error for r in rows if r.error is not None]
-    lines.append(
-        f"| **all {len(rows)} scenarios** | {sum(r.faults for r in rows)} | "
-        f"{sum(r.events for r in rows)} | {sum(r.links_lost for r in rows)} | "
-        f"{sum(r.duplicates for r in rows)} | {num(max(recoveries, default=None), '.2f')} | "
-        f"{num(max(bounds, default=None), '.2e')} | {num(max(errors, default=None), '.2e')} |")
-    notes = [f"* {r.scenario}: {r.note}" for r in rows if r.note]
-    return lines + (["", *notes] if notes else [])

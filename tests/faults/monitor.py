@@ -5,8 +5,9 @@ publication we watch its commands on the dedicated redis-server. Every write of
 the consumer checks its lease first: a graph transaction as ``WATCH P lock`` +
 ``GET P lock`` before its ``MULTI``, a publication either the same way or inside
 its Lua scripts (``GET P lock`` as the script's first call; MONITOR shows it from
-the client ``lua``). Redis 7 echoes the queued commands of a ``MULTI`` only when
-``EXEC`` runs them. So from the MONITOR stream we can
+the client ``lua``). MONITOR echoes every command when Redis reads it, the queued
+commands of a ``MULTI`` included, stamped with Redis's clock. So from the MONITOR
+stream we can
 
 * react to the n-th lease check of a consumer process: freeze Redis (SIGSTOP) at
   once, give the consumer a random 0-20 ms to write more of its transaction or

@@ -227,9 +227,8 @@ def consumers(settings: Settings, log_dir: Path) -> Iterator[Callable[..., Consu
     """``with consumers(s, dir) as spawn: spawn(*args)``; every process dies on the way out."""
     started: list[ConsumerProcess] = []
 
-    def spawn(*args: str, env: dict[str, str] | None = None,
-              settings_override: Settings | None = None) -> ConsumerProcess:
-        proc = ConsumerProcess(settings_override or settings, log_dir, *args, env=env).start()
+    def spawn(*args: str, env: dict[str, str] | None = None) -> ConsumerProcess:
+        proc = ConsumerProcess(settings, log_dir, *args, env=env).start()
         started.append(proc)
         return proc
 

@@ -26,9 +26,10 @@ import time
 from pathlib import Path
 
 from rankstream.services import RedisServer, freeze_redis, thaw_redis
-from tests.faults.harness import Probe, Replayer, audit, build_log, record
+from tests.faults.harness import Probe, Replayer, audit, build_log
 from tests.faults.monitor import RedisMonitor
 from tests.faults.stack import FaultStack, consumers, wait_for
+from tests.faults.summary import record
 
 MIN_KILLS = 20
 MAX_KILLS = 36

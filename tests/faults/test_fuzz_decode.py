@@ -32,8 +32,9 @@ from hypothesis import strategies as st
 
 from producer.schema import Limits, PageEvent, decode_event, encode_event
 from rankstream.errors import InputError
-from tests.faults.harness import Message, audit, build_log, record, replay
+from tests.faults.harness import Message, audit, build_log, replay
 from tests.faults.stack import FaultStack, consumers
+from tests.faults.summary import record
 
 ROOT = Path(__file__).resolve().parents[2]
 CANARY = Path("/tmp/rankstream-fuzz-canary")

@@ -25,16 +25,9 @@ import uvicorn
 
 from consumer.http_api import create_app, server_config
 from consumer.keys import Keys
-from tests.faults.harness import (
-    ODD_URLS,
-    Message,
-    audit,
-    encode,
-    read_dead_letters,
-    record,
-    replay,
-)
+from tests.faults.harness import ODD_URLS, Message, audit, encode, read_dead_letters, replay
 from tests.faults.stack import FaultStack, consumers
+from tests.faults.summary import record
 
 
 def page(url: str, links: list[Any], **extra: Any) -> dict[str, Any]:

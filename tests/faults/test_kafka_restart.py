@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from rankstream.services import kill_kafka, restart_kafka, start_kafka
-from tests.faults.harness import Probe, Replayer, audit, build_log, record
+from tests.faults.harness import Probe, Replayer, audit, build_log
 from tests.faults.stack import FaultStack, consumers, wait_for
+from tests.faults.summary import record
 
 
 def test_kafka_broker_restarted_and_killed_mid_stream(fault_stack: FaultStack,
@@ -43,5 +44,6 @@ def test_kafka_broker_restarted_and_killed_mid_stream(fault_stack: FaultStack,
     result = audit(client, settings, log)
     client.close()
     record("Kafka broker restarted + killed", faults=2, result=result, recoveries=recoveries,
-           note="recovery counted from the broker answering again")
+           note="recovery counted from the broker answering again: "
+                + ", ".join(f"{s:.1f} s" for s in recoveries))
     result.check()

@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 from rankstream.services import frozen_redis, kill_redis, start_redis, stop_redis
-from tests.faults.harness import Probe, Replayer, audit, build_log, record
+from tests.faults.harness import Probe, Replayer, audit, build_log
 from tests.faults.stack import ConsumerProcess, FaultStack, consumers, wait_for
+from tests.faults.summary import record
 
 FREEZE_SECONDS = 30.0
 UNREACHABLE_SECONDS = 5.0

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from consumer.kafka_source import kafka_options
+from consumer.kafka_source import RECONNECT_BACKOFF_MAX_MS, kafka_options
 from rankstream.services import env_lines, kafka_client_options
 from rankstream.settings import Settings, load_settings
 
@@ -64,6 +64,7 @@ def test_consumer_and_producer_use_the_same_options() -> None:
                     kafka_sasl_password=SECRET)
     consumer = kafka_options(settings)
     assert consumer.pop("bootstrap_servers") == ["a:9093", "b:9093"]
+    assert consumer.pop("reconnect_backoff_max_ms") == RECONNECT_BACKOFF_MAX_MS
     assert consumer == kafka_client_options(settings)
 
 

@@ -14,8 +14,9 @@ import random
 from pathlib import Path
 from typing import Any
 
-from tests.faults.harness import Probe, audit, encode, record, replay, stored_graph
+from tests.faults.harness import Probe, audit, encode, replay, stored_graph
 from tests.faults.stack import FaultStack, consumers, wait_for
+from tests.faults.summary import record
 
 PAGES = 40
 CRAWLS = 4

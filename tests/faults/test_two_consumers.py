@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 from consumer.lock import ConsumerLock
-from tests.faults.harness import Probe, Replayer, audit, build_log, record
+from tests.faults.harness import Probe, Replayer, audit, build_log
 from tests.faults.stack import FaultStack, consumers, wait_for
+from tests.faults.summary import record
 
 LEASE_MS = 2000
 
