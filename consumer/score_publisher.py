@@ -12,7 +12,7 @@ double-buffered, because of what the streams look like:
   itself is ~3.5 of it, in place or not); a single EXEC doing that held Redis for
   seconds and every graph transaction queued behind it.
 * So the scores are written into a private back buffer ``P scores:{alg}:next``
-  in chunks of :data:`CHUNK_MEMBERS` members (~0.1 s of Redis each) that graph
+  in chunks of :data:`CHUNK_MEMBERS` members (~25 ms of Redis each) that graph
   transactions interleave with, and the publication is then made visible by
   renaming the buffers (O(1)) in the same atomic step as the meta. The old ZSET
   becomes the next back buffer, so a publication only rewrites the members that
@@ -61,7 +61,7 @@ from consumer.lock import LockLost
 from consumer.stats import iso_now
 from rankstream.errors import ServiceError
 
-CHUNK_MEMBERS = 20_000  # members per back-buffer step (~0.1 s of Redis)
+CHUNK_MEMBERS = 5_000  # members per back-buffer step (~25 ms of Redis)
 BUDGET_FRACTION = 0.5  # share of the tolerance that unwritten moves may use
 MEMBERS_PER_CALL = 2000  # members per plain ZADD/ZREM (the script also calls with <= 4000 args)
 

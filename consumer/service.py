@@ -463,9 +463,9 @@ class ConsumerService:
     def _regain_lease(self) -> None:
         """The lease changed under a transaction: continue, rebuild or stop.
 
-        The graph writer and the publisher may both get here after one freeze; only
-        one at a time re-takes the lease (the other then finds it ours again, where
-        a second acquire would see the lease held and stop the consumer).
+        The graph writer and the publisher may both get here after one freeze; they
+        go one at a time, so the second finds the lease ours again and both compare
+        Redis with the same committed state.
         """
         with self._regain_mutex:
             self._regain_lease_locked()
