@@ -48,9 +48,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     for algorithm in ("pagerank", "wpr"):
         info = meta(client, settings.key_prefix, algorithm)
         freshness = "fresh" if info.fresh else "NOT fresh"
-        print(f"\n{algorithm}: {freshness}, certified L1 bound {info.bound:.2e} "
-              f"(tolerance {info.tolerance:.0e}), {info.pages} pages, graph version "
-              f"{info.version}, refreshed {info.refreshed_at}")
+        relative = info.bound / info.total if info.total > 0 else float("inf")
+        print(f"\n{algorithm}: {freshness}, certified L1 bound {info.bound:.2e} = "
+              f"{relative:.1e} of sum(y) (tolerance {info.tolerance:.0e} of sum(y)), "
+              f"{info.pages} pages, graph version {info.version}, "
+              f"refreshed {info.refreshed_at}")
         for rank, (url, value) in enumerate(top(client, settings.key_prefix, algorithm, args.k), 1):
             print(f"{rank:3d}. {value:10.6f}  {url}")
     return 0
