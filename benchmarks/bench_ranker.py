@@ -2,17 +2,23 @@
 
     python -m benchmarks.bench_ranker [--pages 1000000] [--quick] [--data-dir DIR]
                                       [--accuracy 1e-6] [--batch-sizes 10,100,...]
+                                      [--model cyclic|dag|both]
 
 Graphs: the seeded copying-model web graph of :mod:`ranker.synthetic` (``--pages``
-pages, ~8 links per page, 20% uncrawled) and the real Python docs graph
-(``DIR/python-docs-links.tsv.gz``, DIR defaulting to ``../shared/data`` beside the
-repository).
+pages, ~8 links per page, 20% uncrawled; "cyc": random links to any page, so
+cycles, the default; "dag": Kumar et al.'s original model, random links to earlier
+pages only) and the real Python docs graph (``DIR/python-docs-links.tsv.gz``, DIR
+defaulting to ``../shared/data`` beside the repository).
 
 Operation: absorb a batch of random link changes (half deletions of present links,
 half new links), restoring a max-abs error of at most ``--accuracy`` (paper scale)
-against an exact solve. The incremental engine (:class:`ranker.LiveRanks`, with
-``max_error=accuracy``) certifies that bound itself; the measured error against an
-exact solve (computed untimed for every measured state) is printed beside it.
+against an exact solve (computed untimed after every batch). The incremental
+engine (:class:`ranker.LiveRanks`) runs twice on identical graphs, fed the same
+batches: "incr" is calibrated the way our cold solve is (the loosest ``max_error``
+of a ladder whose MEASURED error stays within the accuracy, found on untimed
+warm-up batches of the same size; the measured error of every timed batch is
+printed and flagged if over), "incr-c" certifies the accuracy itself
+(``max_error=accuracy``).
 
 Competitors, timed in the same run on the same graph state:
 - our cold solve (``ranker.pagerank`` / ``ranker.weighted_pagerank``) at the
@@ -40,9 +46,11 @@ import igraph
 import networkx as nx
 import numpy as np
 
+from ranker import _kernels as K
 from ranker.incremental import LiveRanks
 from ranker.linkgraph import EdgeBatch, LinkGraph
 from ranker.pagerank import pagerank
+from ranker.residual import RefreshReport
 from ranker.results import RankResult
 from ranker.synthetic import copying_model_graph, random_edit_batch
 from ranker.weighted_pagerank import weighted_pagerank
@@ -53,6 +61,9 @@ DAMPING = 0.85
 ALGORITHMS = ("pagerank", "wpr")
 SOLVERS: dict[str, Callable[..., RankResult]] = {"pagerank": pagerank, "wpr": weighted_pagerank}
 COLD_LADDER = [10.0**k for k in range(3, -9, -1)]
+# max_error settings of the calibrated incremental engine, as multiples of the accuracy.
+INC_LADDER = [1e3, 1e2, 1e1, 3.0, 1.0]
+LOOSE_TOLERANCE = 1e-2  # relative L1 tolerance, loose so that max_error alone decides
 NX_LADDER = [10.0**k for k in range(-4, -15, -1)]
 DOCS_FILE = "python-docs-links.tsv.gz"
 
@@ -65,11 +76,18 @@ class Row:
     algorithm: str
     batch: int
     inc: list[float] = field(default_factory=list)
+    inc_c: list[float] = field(default_factory=list)
     modes: list[str] = field(default_factory=list)
+    modes_c: list[str] = field(default_factory=list)
     errors: list[float] = field(default_factory=list)
+    errors_c: list[float] = field(default_factory=list)
     certified: list[float] = field(default_factory=list)
-    l1_bounds: list[float] = field(default_factory=list)
     pushes: list[int] = field(default_factory=list)
+    moved: list[int] = field(default_factory=list)
+    setting: float = float("nan")
+    sweep: float = float("nan")
+    accuracy: float = 1e-6
+    pages: int = 0
     cold: float = float("nan")
     cold_certified: float = float("nan")
     igraph: float = float("nan")
@@ -175,56 +193,171 @@ def warm_up_kernels() -> None:
     rng = np.random.default_rng(0)
     ranks.apply(random_edit_batch(graph, 20, rng))
     ranks.apply(random_edit_batch(graph, 2000, rng))
+    for algorithm in ALGORITHMS:
+        time_one_sweep(ranks, algorithm)
     graph.compact()
 
 
-def run_graph(setup: Setup, accuracy: float, repeats: int, seed: int) -> list[Row]:
+def time_one_sweep(ranks: LiveRanks, algorithm: str) -> float:
+    """Seconds of ONE Gauss-Seidel sweep pushing every page (on copies of the state).
+
+    When most pages' exact ``y`` moves by more than the accuracy, every one of them
+    must be pushed at least once, so a refresh cannot cost less than this.
+    """
+    engine = ranks.engines[algorithm]
+    n = ranks.graph.num_ids
+    g = ranks.graph
+    best = np.inf
+    for _ in range(2):
+        y, r = engine.y.copy(), engine.r.copy()
+        r[:n] += 1.0  # every page pushes
+        touched = np.zeros_like(engine.touched)
+        is_touched = np.zeros_like(engine.is_touched)
+        qstate = np.zeros_like(engine.qstate)
+        started = time.perf_counter()
+        K.sweep(engine.kind, DAMPING, 0.0, n, y, r, g.out_start, g.out_len, g.out_nbr,
+                g.in_len, engine.si, engine.so, touched, qstate, is_touched)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def new_ranks(graph: LinkGraph, algorithm: str, max_error: float) -> LiveRanks:
+    """An engine whose only accuracy knob is ``max_error`` (the L1 tolerance is loose)."""
+    return LiveRanks(graph, algorithms=(algorithm,), damping=DAMPING, max_error=max_error,
+                     tolerance=LOOSE_TOLERANCE)
+
+
+def max_abs(ranks: LiveRanks, algorithm: str, reference: np.ndarray) -> float:
+    return float(np.abs(ranks.scores(algorithm) - reference).max())
+
+
+@dataclass
+class Lane:
+    """One algorithm's engines (one graph each, all fed the same batches) and reference."""
+
+    algorithm: str
+    calibrated: LiveRanks
+    certified: LiveRanks
+    reference: np.ndarray
+    exact_tol: float
+    setting: float = float("nan")
+
+    def feed(self, batch: EdgeBatch, *, timed_variant: str | None = None) -> tuple[
+            dict[str, float], dict[str, RefreshReport], np.ndarray]:
+        """Apply ``batch`` to both engines, then advance the exact reference (untimed).
+
+        Returns (seconds by variant, reports by variant, |reference move| by page).
+        """
+        seconds: dict[str, float] = {}
+        reports: dict[str, RefreshReport] = {}
+        for variant, ranks in (("incr", self.calibrated), ("incr-c", self.certified)):
+            copy = _copy(batch)
+            started = time.perf_counter()
+            reports[variant] = ranks.apply(copy)[self.algorithm]
+            seconds[variant] = time.perf_counter() - started
+        old = self.reference
+        self.reference = exact(self.calibrated.graph, self.algorithm, old, self.exact_tol)
+        moved = np.abs(self.reference - _padded(old, self.reference.size))
+        return seconds, reports, moved
+
+
+def _padded(vector: np.ndarray, size: int) -> np.ndarray:
+    out = np.zeros(size)
+    out[: min(size, vector.size)] = vector[:size]
+    return out
+
+
+def calibrate_incremental(lane: Lane, probe: LinkGraph, size: int, accuracy: float,
+                          rng: np.random.Generator, warmups: int) -> None:
+    """Loosest ``max_error`` of the ladder whose MEASURED error stays within ``accuracy``.
+
+    Tried loosest first on ``warmups`` fresh batches of ``size`` each (untimed; every
+    engine absorbs them, so all graphs stay identical); a setting that overshoots
+    once is rejected and the engine restarts from the exact vector. The engine keeps
+    the state its chosen setting left: the timed batches start from that setting's
+    own steady state, as a live stream would.
+    """
+    a = lane.algorithm
+    for factor in INC_LADDER:
+        setting = accuracy * factor
+        ranks = new_ranks(lane.calibrated.graph, a, setting)
+        ranks.cold_start(warm={a: lane.reference})
+        lane.calibrated = ranks
+        ok = True
+        for _ in range(warmups):
+            lane.feed(random_edit_batch(probe, size, rng))
+            if max_abs(lane.calibrated, a, lane.reference) > accuracy:
+                ok = False
+                break
+        if ok:
+            lane.setting = setting
+            return
+    lane.setting = accuracy  # the certified setting (cannot exceed, but is checked)
+
+
+def run_graph(setup: Setup, accuracy: float, repeats: int, seed: int, warmups: int
+              ) -> list[Row]:
     print(f"\n== {setup.name} ==", flush=True)
     build_s, built = timed(setup.build)
     assert isinstance(built, LinkGraph)
-    graphs = {"pagerank": built, "wpr": setup.build()}
-    probe = graphs["pagerank"]
+    probe = built  # batches are drawn from it; every other graph stays identical to it
+    graphs = {("pagerank", "incr"): built}
+    for a in ALGORITHMS:
+        for variant in ("incr", "incr-c"):
+            if (a, variant) not in graphs:
+                graphs[(a, variant)] = setup.build()
     print(f"graph: {probe.num_ids:,} pages, {probe.num_links:,} links, built in {build_s:.1f}s; "
           f"LinkGraph memory {probe.memory_bytes() / probe.num_links:.1f} bytes/link "
           f"(URL strings excluded)", flush=True)
     exact_tol = accuracy * 1e-2  # certified L1 bound, so max-abs error <= 1% of accuracy
-    reference = {a: exact(graphs[a], a, None, exact_tol) for a in ALGORITHMS}
-    cold_tol = {a: calibrate_cold(graphs[a], a, reference[a], accuracy) for a in ALGORITHMS}
+    reference = {a: exact(probe, a, None, exact_tol) for a in ALGORITHMS}
+    cold_tol = {a: calibrate_cold(probe, a, reference[a], accuracy) for a in ALGORITHMS}
     print("cold tolerance (certified L1, paper scale) reaching the accuracy: "
-          + ", ".join(f"{a} {t:g}" for a, t in cold_tol.items()), flush=True)
+          + ", ".join(f"{a} {t:g}" for a, t in cold_tol.items())
+          + "; y max " + ", ".join(f"{a} {reference[a].max():.4g}" for a in ALGORITHMS),
+          flush=True)
     nx_graph = networkx_of(probe) if setup.networkx else None
     nx_tol = calibrate_networkx(nx_graph, reference["pagerank"], accuracy) if nx_graph else 0.0
 
-    ranks = {a: LiveRanks(graphs[a], algorithms=(a,), damping=DAMPING, max_error=accuracy)
-             for a in ALGORITHMS}
+    lanes = {}
     for a in ALGORITHMS:
-        ranks[a].cold_start(warm={a: reference[a]})
+        certified = LiveRanks(graphs[(a, "incr-c")], algorithms=(a,), damping=DAMPING,
+                              max_error=accuracy)
+        certified.cold_start(warm={a: reference[a]})
+        calibrated = new_ranks(graphs[(a, "incr")], a, accuracy)
+        calibrated.cold_start(warm={a: reference[a]})
+        lanes[a] = Lane(a, calibrated, certified, reference[a], exact_tol)
     rng = np.random.default_rng(seed)
     rows: list[Row] = []
     for size in setup.sizes:
         if size // 2 > probe.num_links:
             print(f"batch {size}: skipped (more deletions than links)")
             continue
-        batch_rows = {a: Row(setup.name, a, size) for a in ALGORITHMS}
+        batch_rows = {a: Row(setup.name, a, size, accuracy=accuracy, pages=probe.num_live)
+                      for a in ALGORITHMS}
+        for a in ALGORITHMS:
+            calibrate_incremental(lanes[a], probe, size, accuracy, rng, warmups)
+            batch_rows[a].setting = lanes[a].setting
         for _ in range(repeats if size < 100_000 else 1):
             batch = random_edit_batch(probe, size, rng)
             for a in ALGORITHMS:
-                copy = _copy(batch)
-                started = time.perf_counter()
-                report = ranks[a].apply(copy)[a]
-                seconds = time.perf_counter() - started
-                reference[a] = exact(graphs[a], a, reference[a], exact_tol)
+                lane = lanes[a]
+                seconds, reports, moved = lane.feed(batch)
                 row = batch_rows[a]
-                row.inc.append(seconds)
-                row.modes.append(report.mode)
-                row.errors.append(float(np.abs(ranks[a].scores(a) - reference[a]).max()))
-                row.certified.append(report.max_abs_bound)
-                row.l1_bounds.append(report.bound)
-                row.pushes.append(report.pushes)
+                row.inc.append(seconds["incr"])
+                row.inc_c.append(seconds["incr-c"])
+                row.modes.append(reports["incr"].mode)
+                row.modes_c.append(reports["incr-c"].mode)
+                row.errors.append(max_abs(lane.calibrated, a, lane.reference))
+                row.errors_c.append(max_abs(lane.certified, a, lane.reference))
+                row.certified.append(reports["incr-c"].max_abs_bound)
+                row.pushes.append(reports["incr"].pushes)
+                row.moved.append(int((moved > accuracy).sum()))
         for a in ALGORITHMS:
-            batch_rows[a].cold = time_cold(graphs[a], a, cold_tol[a])
-            batch_rows[a].cold_certified = time_cold(graphs[a], a, accuracy)
-        ig_seconds, ig_error = time_igraph(probe, reference["pagerank"])
+            batch_rows[a].cold = time_cold(probe, a, cold_tol[a])
+            batch_rows[a].cold_certified = time_cold(probe, a, accuracy)
+            batch_rows[a].sweep = time_one_sweep(lanes[a].calibrated, a)
+        ig_seconds, ig_error = time_igraph(probe, lanes["pagerank"].reference)
         batch_rows["pagerank"].igraph = ig_seconds
         if nx_graph is not None:
             current = networkx_of(probe)
@@ -235,6 +368,7 @@ def run_graph(setup: Setup, accuracy: float, repeats: int, seed: int) -> list[Ro
             batch_rows["pagerank"].networkx = best_of(nx_solve, runs_for(probe))
         for a in ALGORITHMS:
             print(_format(batch_rows[a]), flush=True)
+            print("   " + _details(batch_rows[a]), flush=True)
         print(f"   (igraph max-abs error {ig_error:.2g})", flush=True)
         rows.extend(batch_rows.values())
     print(f"after the edits: {probe.num_links:,} links, LinkGraph memory "
@@ -253,14 +387,19 @@ def _copy(batch: EdgeBatch) -> EdgeBatch:
                      batch.delete_dst.copy(), batch.removed_pages.copy())
 
 
-HEADER = (f"{'graph':<10} {'alg':<8} {'batch':>7} {'mode':<7} {'incr ms':>9} {'cold ms':>9} "
-          f"{'cold-c ms':>9} {'igraph ms':>9} {'nx ms':>8} {'x igraph':>8} {'x cold':>7} "
-          f"{'x cold-c':>8} {'max err':>8} {'cert.max':>8} {'L1 bound':>8} {'pushes':>10}")
-LEGEND = """incr: incremental refresh (graph update + residual columns + push/sweeps), median;
+HEADER = (f"{'graph':<11} {'alg':<8} {'batch':>6} {'mode':<7} {'incr ms':>8} {'incr-c':>8} "
+          f"{'cold ms':>8} {'cold-c':>8} {'igraph':>8} {'nx ms':>7} {'x ig':>6} {'x cold':>6} "
+          f"{'x ig-c':>6} {'xcold-c':>7} {'err':>7} {'err-c':>7} {'over?':>5}")
+LEGEND = """incr: incremental refresh (graph update + residual columns + push/sweeps), median, with
+max_error CALIBRATED like cold: the loosest setting whose MEASURED max-abs error stayed within
+the accuracy on untimed warm-up batches of the same size (err: largest measured error of the
+timed batches; over? says 'OVER' if any exceeded the accuracy);
+incr-c: the same engine CERTIFYING the accuracy (max_error = accuracy);
 cold: our cold solve at the loosest tolerance whose MEASURED max-abs error is within the
-accuracy; cold-c: our cold solve CERTIFYING it (L1 bound <= accuracy); x ...: speedup of
-incr over that competitor; max err: measured max-abs error of incr vs an exact solve;
-cert.max: incr's certified max-abs bound; L1 bound: incr's certified ||y_exact - y||_1."""
+accuracy; cold-c: our cold solve CERTIFYING it; x ...: competitor time / incremental time.
+Detail lines: setting = calibrated max_error; moved = pages whose exact y moved by more than
+the accuracy (median over the timed batches); sweep = ONE Gauss-Seidel sweep over the whole
+graph (a lower bound once most pages must move); ceiling = igraph (PR) or cold (WPR) / sweep."""
 
 
 def _ms(seconds: float) -> str:
@@ -271,15 +410,29 @@ def _ratio(other: float, mine: float) -> str:
     return "-" if np.isnan(other) else f"{other / mine:.1f}"
 
 
+def _modes(modes: list[str]) -> str:
+    return "/".join(sorted(set(modes)))
+
+
 def _format(row: Row) -> str:
     inc = statistics.median(row.inc)
-    mode = "/".join(sorted(set(row.modes)))
-    return (f"{row.graph:<10} {row.algorithm:<8} {row.batch:>7} {mode:<7} {_ms(inc):>9} "
-            f"{_ms(row.cold):>9} {_ms(row.cold_certified):>9} {_ms(row.igraph):>9} "
-            f"{_ms(row.networkx):>8} {_ratio(row.igraph, inc):>8} {_ratio(row.cold, inc):>7} "
-            f"{_ratio(row.cold_certified, inc):>8} {max(row.errors):>8.1e} "
-            f"{max(row.certified):>8.1e} {max(row.l1_bounds):>8.1e} "
-            f"{int(statistics.median(row.pushes)):>10}")
+    inc_c = statistics.median(row.inc_c)
+    over = "OVER" if max(row.errors) > row.accuracy else "ok"
+    return (f"{row.graph:<11} {row.algorithm:<8} {row.batch:>6} {_modes(row.modes):<7} "
+            f"{_ms(inc):>8} {_ms(inc_c):>8} {_ms(row.cold):>8} {_ms(row.cold_certified):>8} "
+            f"{_ms(row.igraph):>8} {_ms(row.networkx):>7} {_ratio(row.igraph, inc):>6} "
+            f"{_ratio(row.cold, inc):>6} {_ratio(row.igraph, inc_c):>6} "
+            f"{_ratio(row.cold, inc_c):>7} {max(row.errors):>7.1e} {max(row.errors_c):>7.1e} "
+            f"{over:>5}")
+
+
+def _details(row: Row) -> str:
+    ceiling_of = row.igraph if row.algorithm == "pagerank" else row.cold
+    moved = int(statistics.median(row.moved))
+    return (f"setting max_error {row.setting:.0e}; incr-c mode {_modes(row.modes_c)}, certified "
+            f"max-abs {max(row.certified):.1e}; moved > accuracy {moved:,}"
+            f" of {row.pages:,} pages; incr pushes {int(statistics.median(row.pushes)):,}; "
+            f"one sweep {_ms(row.sweep)} ms, ceiling {_ratio(ceiling_of, row.sweep)}x")
 
 
 def crossover(rows: Sequence[Row], graph: str, algorithm: str) -> str:
@@ -304,6 +457,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-sizes", default="10,100,1000,10000,100000")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--model", choices=("cyclic", "dag", "both"), default="cyclic",
+                        help="synthetic graph: copying model with random links to any page "
+                             "(cyclic, default) and/or Kumar et al.'s original one with random "
+                             "links to earlier pages only (dag)")
+    parser.add_argument("--warmups", type=int, default=2,
+                        help="untimed warm-up batches per ladder step when calibrating incr")
     parser.add_argument("--networkx-large", action="store_true",
                         help="also time networkx on the synthetic graph (slow, GBs of RAM)")
     parser.add_argument("--skip-docs", action="store_true")
@@ -322,9 +481,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     warm_up_kernels()
     setups = []
     if not args.skip_synthetic:
-        synthetic = copying_model_graph(args.pages, 10.0, seed=args.seed)
-        setups.append(Setup(f"synth{args.pages // 1000}k", synthetic.to_linkgraph,
-                            args.batch_sizes, args.networkx_large))
+        models = ("cyclic", "dag") if args.model == "both" else (args.model,)
+        for model in models:
+            synthetic = copying_model_graph(args.pages, 10.0, seed=args.seed,
+                                            acyclic=model == "dag")
+            label = "cyc" if model == "cyclic" else "dag"
+            setups.append(Setup(f"{label}{args.pages // 1000}k", synthetic.to_linkgraph,
+                                args.batch_sizes, args.networkx_large))
     docs = args.data_dir / DOCS_FILE
     if not args.skip_docs:
         if docs.exists():
@@ -339,11 +502,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for setup in setups:
         if not setup.networkx:
             print("(networkx skipped on this graph: pass --networkx-large)")
-        rows.extend(run_graph(setup, args.accuracy, args.repeats, args.seed))
+        rows.extend(run_graph(setup, args.accuracy, args.repeats, args.seed, args.warmups))
     print("\n" + LEGEND)
     print(HEADER)
     for row in rows:
         print(_format(row))
+    print()
+    for row in rows:
+        print(f"{row.graph} {row.algorithm} {row.batch}: {_details(row)}")
     print()
     for setup in setups:
         for algorithm in ALGORITHMS:

@@ -119,7 +119,8 @@ class ConsumerService:
         self.publisher = ScorePublisher(self.redis, self.keys, damping=settings.damping,
                                         tolerance=settings.tolerance,
                                         publish_threshold=settings.publish_threshold,
-                                        bulk=self.options.bulk_writes)
+                                        owner=self.lock.holder.token[:12],
+                                        scripts=self.options.bulk_writes)
         self.mirror: Mirror | None = None
         self.source: KafkaSource | None = None
         self.dlq: DeadLetterSender | None = None

@@ -92,7 +92,7 @@ class ResidualEngine:
 
     def __init__(self, graph: LinkGraph, algorithm: str, *, damping: float, tolerance: float,
                  publish_threshold: float, max_error: float | None, local_work: float,
-                 max_sweeps: int) -> None:
+                 max_sweeps: int, omega: float = 1.0) -> None:
         self.graph = graph
         self.algorithm = algorithm
         self.kind = ALGORITHM_KINDS[algorithm]
@@ -102,6 +102,9 @@ class ResidualEngine:
         self.max_error = max_error
         self.local_work = local_work
         self.max_sweeps = max_sweeps
+        self.omega = omega
+        self.global_from = np.inf  # column-update work from which refreshes go global
+        self._order = np.zeros(0, dtype=np.int32)
         self._cap = 0
         self.y = np.zeros(0)
         self.r = np.zeros(0)
@@ -272,6 +275,12 @@ class ResidualEngine:
             return np.inf
         return rho * max(y_max, 1.0 - self.damping) / (1.0 - rho)
 
+    def _sweep_order(self, n: int) -> np.ndarray:
+        """Pages in id order (the order sweeps visit them; sequential memory access)."""
+        if self._order.size != n:
+            self._order = np.arange(n, dtype=np.int32)
+        return self._order
+
     def refresh(self, *, mode: str = "local") -> RefreshReport:
         """Push until the certified bounds hold; switch to global sweeps if not local."""
         start = time.perf_counter()
@@ -290,11 +299,19 @@ class ResidualEngine:
         # maximum after every pass, so an underestimate here only costs a pass.
         y_max = self.y_max
         budget = int(self.local_work * max(g.num_links, 1)) + 10_000
+        change = work  # link visits of the column updates: how big this change is
+        if mode == "local" and change >= self.global_from:
+            # A change at least this big went global last time: the push would only
+            # burn its budget first. Raising the bar re-probes local now and then.
+            mode = "global"
+            K.clear_queue(self.queue, self.qstate, self.inq)
+            self.global_from *= 1.25
         if self.rescan:
             K.enqueue_above(n, self._thresholds(total, y_max, live_count)[1], self.r,
                             self.queue, self.qstate, self.inq)
             self.rescan = False
         lowered = False
+        omega = self.omega
         while True:
             target, eps = self._thresholds(total, y_max, live_count)
             if mode == "local":
@@ -307,9 +324,17 @@ class ResidualEngine:
                 if self.qstate[K.Q_SIZE] > 0:  # out of budget: the change is not local
                     mode = "global"
                     K.clear_queue(self.queue, self.qstate, self.inq)
+                    self.global_from = min(self.global_from, max(change, 1))
             else:
-                p, w, l1, peak = K.sweep(self.kind, d, eps, n, self.y, self.r, *self._arrays(),
-                                         self.touched, self.qstate, self.is_touched)
+                before = self.l1
+                p, w, l1, peak = K.sweep_ordered(self.kind, d, eps, omega,
+                                                 self._sweep_order(n), n, self.y, self.r,
+                                                 *self._arrays(), self.touched, self.qstate,
+                                                 self.is_touched)
+                if l1 > before:
+                    # Over-relaxation is only guaranteed to converge for omega below
+                    # 2 / (1 + d); plain Gauss-Seidel never raises ||r||_1.
+                    omega = 1.0
                 pushes += p
                 work += w
                 sweeps += 1

@@ -7,8 +7,11 @@ or with the prototype's link in the same slot. Copying makes a page's chance of
 gaining a link proportional to the links it already has, which yields power-law
 in-degrees (exponent about ``(2 - a) / (1 - a)`` for ``a = random_link``). Random
 links may point to any page, later ones included, so the graph has cycles, as the
-web does. Finally a random ``uncrawled`` fraction of pages loses its out-links:
-the crawl frontier, known only as link targets (dangling pages).
+web does. With ``acyclic=True`` they point to earlier pages only, as in Kumar et
+al.'s original model: every link then goes from a newer page to an older one and
+the graph is a DAG (a different, less mixing benchmark case, not a replacement:
+a change there reaches fewer pages). Finally a random ``uncrawled`` fraction of
+pages loses its out-links: the crawl frontier, known only as link targets (dangling pages).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ def copying_model_graph(
     random_link: float = 0.25,
     uncrawled: float = 0.2,
     seed: int = 0,
+    acyclic: bool = False,
 ) -> SyntheticGraph:
     """A web-like graph: copying model, power-law in-degrees, dangling frontier.
 
@@ -67,6 +71,9 @@ def copying_model_graph(
         random_link: probability a slot is a uniform random page instead of a copy.
         uncrawled: fraction of pages with no out-links.
         seed: everything is determined by it.
+        acyclic: random slots pick a uniform EARLIER page (Kumar et al.'s original
+            copying model; copies inherit that, so every link points back in
+            arrival order and the graph is a DAG). Default: any page (cycles).
     """
     rng = np.random.default_rng(seed)
     n = int(num_pages)
@@ -81,11 +88,15 @@ def copying_model_graph(
     arrivals = np.arange(n)
     prototype = np.where(arrivals > 0, (rng.random(n) * arrivals).astype(np.int64), -1)
     is_random = rng.random(slots) < random_link
-    random_target = rng.integers(0, n, slots, dtype=np.int64)
+    sources = np.repeat(arrivals, degree)
+    if acyclic:
+        # Page 0 has no earlier page: its slots become self links and are dropped.
+        random_target = (rng.random(slots) * sources).astype(np.int64)
+    else:
+        random_target = rng.integers(0, n, slots, dtype=np.int64)
     targets = np.empty(slots, dtype=np.int64)
     copy_links(degree, offsets, prototype, is_random, random_target, targets)
 
-    sources = np.repeat(arrivals, degree)
     crawled = rng.random(n) >= uncrawled
     keep = crawled[sources] & (sources != targets)
     relabel = rng.permutation(n)

@@ -1,15 +1,17 @@
 """Watching the consumer's Redis traffic with MONITOR, to aim kills and classify them.
 
 The consumer has no test hooks. To kill it *inside* a Redis transaction or a score
-publication we watch its commands on the dedicated redis-server. Every write of
-the consumer checks its lease first: a graph transaction as ``WATCH P lock`` +
-``GET P lock`` before its ``MULTI``, a publication either the same way or inside
-its Lua scripts (``GET P lock`` as the script's first call; MONITOR shows it from
-the client ``lua``). MONITOR echoes every command when Redis reads it, the queued
+publication we watch its commands on the dedicated redis-server. Every shared
+write of the consumer checks its lease first: a graph transaction as ``WATCH P
+lock`` + ``GET P lock`` before its ``MULTI``; a publication first pipelines
+plain ZADD/ZREM chunks into its private back buffer ``P scores:{alg}:next:...``
+and then swaps it in either the same way or with a script (``GET P lock`` as the
+script's first call; MONITOR shows it from the client ``lua``). MONITOR echoes every command when Redis reads it, the queued
 commands of a ``MULTI`` included, stamped with Redis's clock. So from the MONITOR
 stream we can
 
-* react to the n-th lease check of a consumer process: freeze Redis (SIGSTOP) at
+* react to the n-th lease check (or back-buffer write, see :meth:`RedisMonitor.arm`)
+  of a consumer process: freeze Redis (SIGSTOP) at
   once, give the consumer a random 0-20 ms to write more of its transaction or
   pipeline into the socket (or not), SIGKILL it, thaw Redis;
 * afterwards tell what each kill interrupted (:meth:`RedisMonitor.classify`): the
@@ -65,7 +67,7 @@ class RedisMonitor:
         self.prefix = prefix.encode()
         self.commands: list[Command] = []
         self._trigger: tuple[float, int, bool, Callable[[], None], threading.Event] | None = None
-        self._checks: list[tuple[float, bool]] = []  # lease checks: (time, inside a script)
+        self._checks: list[tuple[float, str]] = []  # aimable steps: (time, kind, see arm())
         self._cond = threading.Condition()
         self._sock = socket.create_connection((host, port), timeout=10)
         self._sock.sendall(b"MONITOR\r\n")
@@ -107,16 +109,19 @@ class RedisMonitor:
         args = tuple(itertools.islice((m.group(1) for m in _ARG.finditer(rest)), MAX_ARGS))
         command = Command(float(match.group(1)), client, args)
         check = command.name == b"GET" and self.lock_key in args
+        chunk = client != LUA and self._is_chunk(command)
         if client == LUA and not check:
             return
         with self._cond:
             self.commands.append(command)
             if check:
-                self._checks.append((command.at, client == LUA))
+                self._checks.append((command.at, "script" if client == LUA else "transaction"))
+            elif chunk:
+                self._checks.append((command.at, "chunk"))
             self._cond.notify_all()
-        if check and self._trigger is not None:
-            since, count, scripted, action, fired = self._trigger
-            if sum(1 for at, lua in self._checks if at >= since and lua == scripted) >= count:
+        if (check or chunk) and self._trigger is not None:
+            since, count, target, action, fired = self._trigger
+            if sum(1 for at, kind in self._checks if at >= since and kind == target) >= count:
                 # Act from this thread: a hand-over to the test's thread could cost a
                 # GIL switch interval, longer than a whole transaction takes.
                 self._trigger = None
@@ -131,13 +136,15 @@ class RedisMonitor:
 
     # -- aiming --------------------------------------------------------------------
     def arm(self, since: float, count: int, action: Callable[[], None], *,
-            scripted: bool) -> threading.Event:
-        """Run ``action`` (on the monitor thread) at the ``count``-th lease check seen
-        after ``since``: checks made by the client before a MULTI (graph transactions,
-        lease takeover and renewal) or, with ``scripted``, inside a script (pipelined
-        publications). The returned event is set once ``action`` ran."""
+            target: str) -> threading.Event:
+        """Run ``action`` (on the monitor thread) at the ``count``-th step of kind
+        ``target`` seen after ``since``: "transaction" (a lease check made by the client
+        before a MULTI: graph transactions, lease takeover and renewal), "script" (a
+        lease check inside a script: the publication's swap) or "chunk" (a write into
+        a publication's private back buffer, which a pipeline of them follows). The
+        returned event is set once ``action`` ran."""
         fired = threading.Event()
-        self._trigger = (since, count, scripted, action, fired)
+        self._trigger = (since, count, target, action, fired)
         return fired
 
     def disarm(self) -> None:
@@ -157,6 +164,13 @@ class RedisMonitor:
             time.sleep(quiet)
             if writes() == count:
                 return
+
+    def _is_chunk(self, command: Command) -> bool:
+        """A write into a back buffer ``P scores:{alg}:next:{owner}`` (no lease check:
+        the buffer is private to the writing process, see consumer.score_publisher)."""
+        return (command.name in (b"ZADD", b"ZREM", b"DEL", b"UNLINK") and len(command.args) > 1
+                and command.args[1].startswith(self.prefix + b"scores:")
+                and b":next" in command.args[1])
 
     # -- classification -------------------------------------------------------------
     def _kind(self, unit: list[Command]) -> str:
@@ -208,7 +222,8 @@ class RedisMonitor:
         ours = [c for c in mine if c.client in clients]
         units = [u for u in self._units(ours) if self._kind(u) != "status heartbeat"]
         executed_after = [self._kind(u) for u in units if u[-1].at > moment
-                          and u[-1].name in (b"EXEC", b"EVAL", b"EVALSHA")]
+                          and (u[-1].name in (b"EXEC", b"EVAL", b"EVALSHA")
+                               or self._is_chunk(u[-1]))]
         for kind in ("graph transaction", "publication"):
             if kind in executed_after:
                 return f"{kind} in flight (executed after the kill)"

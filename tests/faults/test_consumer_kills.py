@@ -4,11 +4,12 @@ The kills rotate over four kinds. One comes after a random delay from the start
 of a consumer process (start-up, mirror loading and warm start included); one
 comes at a random moment after the process committed its first batch
 (mid-stream: polling, planning, ranking, Redis calls); two are aimed at the n-th
-graph transaction or the n-th publication step of the process (n random): when
-MONITOR shows its lease check (``GET P lock`` after ``WATCH P lock``, or inside a
-publication script), Redis is frozen (SIGSTOP), the consumer is SIGKILLed 0-20
-ms later while it waits inside its transaction, and Redis is thawed.
-Whatever bytes of the MULTI/EXEC had reached Redis then run without their client.
+graph transaction or the n-th publication chunk of the process (n random): when
+MONITOR shows its lease check (``GET P lock`` after ``WATCH P lock``) or a write
+into its private score back buffer (a pipeline of them follows, then the fenced
+swap script), Redis is frozen (SIGSTOP), the consumer is SIGKILLed 0-20 ms later
+while it waits on Redis, and Redis is thawed. Whatever bytes of the MULTI/EXEC or
+of the chunk pipeline had reached Redis then run without their client.
 Every kill is classified from the MONITOR timeline (tests/faults/monitor.py), and
 the run goes on until the classes that matter were each hit: a graph transaction
 and a score publication both killed in flight, and a transaction aborted before
@@ -112,10 +113,11 @@ def test_sigkill_at_random_points(fault_stack: FaultStack, tmp_path: Path) -> No
                         wait_for(probe.beyond(before), 20, "a first batch")
                     time.sleep(rng.uniform(0.0, 1.0))
                     moment = proc.kill()
-                else:  # aimed: at a graph transaction (2) or a publication (3)
+                else:  # aimed: at a graph transaction (2) or a publication's chunks (3)
                     freeze = Freezer(fault_stack.redis)
                     fired = monitor.arm(started_wall, rng.randint(1, 6), freeze,
-                                        scripted=mode == 3).wait(20)
+                                        target="chunk" if mode == 3 else "transaction"
+                                        ).wait(20)
                     monitor.disarm()
                     if not fired:  # no such step within 20 s: a timed kill then
                         freeze()

@@ -1,21 +1,21 @@
-"""The score publisher's pure parts: what to write, how it is chunked and encoded."""
+"""The score publisher's pure parts: what to write, and the bytes that write it."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer.keys import Keys
-from consumer.score_publisher import (
-    ZSET_SCRIPT,
-    Chunk,
-    ScorePublisher,
+from consumer.score_plan import ZsetRecord, plan_writes, unwritten_within
+from consumer.score_wire import (
+    SCORE_TOKEN,
     UrlTable,
-    ZsetRecord,
-    chunk_ids,
-    plan_writes,
-    unwritten_within,
+    command,
+    score_tokens,
+    zadd_command,
+    zrem_command,
 )
 
 
@@ -47,6 +47,7 @@ def test_plan_adds_missing_removes_dead_and_writes_big_moves_first():
     assert plan.unwritten == 1 and abs(plan.remainder - 1e-3) < 1e-15
     assert rec.values[:5].tolist() == [1.0, 2.0, 0.0, 3.0 + 1e-3, 4.0]
     assert rec.present[:5].tolist() == [True, True, False, True, True]
+    assert rec.members() == 4
     # Nothing to do once the ZSET shows y (within the budget).
     again = plan_writes(y, live, rec, threshold=1e-9, budget=1e-2)
     assert again.add_ids.size == 0 and again.remove_ids.size == 0
@@ -65,53 +66,57 @@ def test_plan_grows_the_record_for_new_ids():
     rec = ZsetRecord()
     plan = plan_writes(np.array([0.5, 0.25]), np.array([True, True]), rec, threshold=0.0,
                        budget=1.0)
-    assert plan.add_ids.tolist() == [0, 1] and rec.exists()
+    assert plan.add_ids.tolist() == [0, 1] and rec.members() == 2
 
 
-def test_url_table_gathers_members_of_any_id_set():
+finite = st.floats(allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(finite, min_size=1, max_size=40))
+def test_score_tokens_are_exact_fixed_width_hex_floats(values):
+    tokens = score_tokens(np.array(values))
+    assert tokens.shape == (len(values), SCORE_TOKEN)
+    for row, value in zip(tokens, values, strict=True):
+        raw = row.tobytes()
+        assert raw.startswith(b"$24\r\n") and raw.endswith(b"\r\n")
+        parsed = float.fromhex(raw[5:-2].decode())  # what strtod reads back
+        assert parsed == value and math.copysign(1, parsed) == math.copysign(1, value)
+
+
+def test_special_scores():
+    values = np.array([0.0, -0.0, 5e-324, 2.2250738585072014e-308, 1.7976931348623157e308])
+    for row, value in zip(score_tokens(values), values, strict=True):
+        assert float.fromhex(row.tobytes()[5:-2].decode()) == value
+
+
+def resp_args(payload: bytes) -> list[bytes]:
+    """Parse one RESP array of bulk strings."""
+    assert payload.startswith(b"*")
+    head, _, rest = payload.partition(b"\r\n")
+    args = []
+    for _ in range(int(head[1:])):
+        size, _, rest = rest.partition(b"\r\n")
+        length = int(size[1:])
+        args.append(rest[:length])
+        assert rest[length:length + 2] == b"\r\n"
+        rest = rest[length + 2:]
+    assert rest == b""
+    return args
+
+
+def test_zadd_and_zrem_commands_are_valid_resp():
     urls = ["https://a.org/", "https://bb.org/x", "https://c.org/ü", "file:///d"]
     table = UrlTable()
     table.sync(urls.__getitem__, 2)
-    table.sync(urls.__getitem__, 4)
+    table.sync(urls.__getitem__, 4)  # appended in two steps
     view = table.view()
-    for ids in ([0, 1, 2, 3], [1, 3], [2], [0, 2, 3]):
-        lengths, blob = view.members(np.array(ids))
-        sizes = np.frombuffer(lengths, "<i4").tolist()
-        expected = [urls[i].encode() for i in ids]
-        assert sizes == [len(u) for u in expected] and blob == b"".join(expected)
-    assert view.urls(np.array([3, 0])) == [urls[3], urls[0]]
-
-
-def test_dense_chunks_travel_as_nan_padded_ranges():
-    ids = np.array([10, 11, 13, 14, 40, 90])
-    values = np.arange(6, dtype=float)
-    chunks = list(chunk_ids(ids, values, 4))
-    first_ids, first_scores = chunks[0]
-    assert first_ids.tolist() == [10, 11, 12, 13, 14]
-    assert np.isnan(first_scores[2]) and first_scores[[0, 1, 3, 4]].tolist() == [0, 1, 2, 3]
-    second_ids, second_scores = chunks[1]  # sparse: sent as they are
-    assert second_ids.tolist() == [40, 90] and second_scores.tolist() == [4.0, 5.0]
-
-
-def publisher(bulk: bool) -> ScorePublisher:
-    return ScorePublisher(None, Keys("p:"), damping=0.85, tolerance=1e-6,  # type: ignore[arg-type]
-                          publish_threshold=0.0, bulk=bulk)
-
-
-def test_chunk_commands_pack_scores_and_members_or_go_plain():
-    urls = ["u0", "u1", "u22"]
-    table = UrlTable()
-    table.sync(urls.__getitem__, 3)
-    chunk = Chunk("ZADD", "p:scores:wpr:next", np.array([0, 1, 2]),
-                  np.array([0.25, np.nan, 1 / 3]))
-    ((verb, script, nkeys, lease, token, meta, pub, op, key, lengths, members, packed),) = (
-        publisher(True).chunk_commands(chunk, table.view(), ("p:lock", b"me"), ("p:m", "id")))
-    assert (verb, script, nkeys, lease, token) == ("EVAL", ZSET_SCRIPT, 0, "p:lock", b"me")
-    assert (meta, pub) == ("p:m", "id")
-    assert (op, key) == ("ZADD", "p:scores:wpr:next")
-    assert np.frombuffer(lengths, "<i4").tolist() == [2, 2, 3] and members == b"u0u1u22"
-    assert np.isnan(np.frombuffer(packed, "<f8")[1])
-    plain = publisher(False).chunk_commands(chunk, table.view())
-    assert plain == [("ZADD", "p:scores:wpr:next", 0.25, "u0", 1 / 3, "u22")]
-    removal = Chunk("ZREM", "k", np.array([1]))
-    assert publisher(False).chunk_commands(removal, table.view()) == [("ZREM", "k", "u1")]
+    ids = np.array([0, 2, 3])
+    values = np.array([0.25, 1 / 3, 1e-9])
+    args = resp_args(zadd_command("p:scores:wpr:next:x", ids, values, view))
+    assert args[:2] == [b"ZADD", b"p:scores:wpr:next:x"]
+    assert [float.fromhex(a.decode()) for a in args[2::2]] == values.tolist()
+    assert [a.decode() for a in args[3::2]] == [urls[i] for i in ids]
+    assert resp_args(zrem_command("k", np.array([1]), view)) == [b"ZREM", b"k", urls[1].encode()]
+    assert view.url(2) == urls[2]
+    assert resp_args(command("PEXPIRE", "k", 5)) == [b"PEXPIRE", b"k", b"5"]

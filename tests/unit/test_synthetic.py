@@ -69,3 +69,34 @@ def test_sample_links_returns_present_distinct_links() -> None:
     assert graph.links_exist(src, dst).all()
     keys = (src.astype(np.int64) << 32) | dst
     assert np.unique(keys).size == 200
+
+
+def test_acyclic_option_is_kumar_original_model_a_dag() -> None:
+    g = copying_model_graph(20_000, 10.0, seed=1, acyclic=True)
+    assert (g.src != g.dst).all()
+    keys = (g.src.astype(np.int64) << 32) | g.dst
+    assert np.unique(keys).size == keys.size
+    out_degree = np.bincount(g.src, minlength=g.num_pages)
+    in_degree = np.bincount(g.dst, minlength=g.num_pages)
+    assert 0.17 < (out_degree == 0).mean() < 0.23
+    assert in_degree.max() > 50 * in_degree.mean()
+    # A DAG: Kahn's algorithm removes every page.
+    indeg = in_degree.copy()
+    order = np.argsort(g.src, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(out_degree)])
+    dst_by_src = g.dst[order]
+    ready = list(np.flatnonzero(indeg == 0))
+    seen = 0
+    while ready:
+        page = ready.pop()
+        seen += 1
+        for target in dst_by_src[starts[page]:starts[page + 1]]:
+            indeg[target] -= 1
+            if indeg[target] == 0:
+                ready.append(target)
+    assert seen == g.num_pages
+    # The default keeps its cycles and its exact output (seed-stable).
+    cyclic = copying_model_graph(20_000, 10.0, seed=1)
+    assert cyclic.num_links != g.num_links or not np.array_equal(cyclic.dst, g.dst)
+    assert np.array_equal(copying_model_graph(2000, seed=11).dst,
+                          copying_model_graph(2000, seed=11, acyclic=False).dst)

@@ -1,0 +1,106 @@
+"""What a score publication must write so that a ZSET shows ``y`` within its budget (pure).
+
+The publisher keeps a :class:`ZsetRecord` of what each of its Redis ZSETs holds and
+asks :func:`plan_writes` for the changes that bring one to the engine's current
+``y``: membership always exactly (live pages in, everything else out), values
+largest move first until the unwritten rest fits the budget. The unwritten rest
+``||y - zset||_1`` is computed exactly from the record, and it is what the
+published bound adds to the engine's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+def unwritten_within(diffs: np.ndarray, budget: float) -> np.ndarray:
+    """Mask of entries that may stay unwritten: smallest first, their sum <= ``budget``.
+
+    O(n): entries are bucketed by binary exponent, whole buckets are taken from the
+    smallest up, and only the bucket where the budget runs out is sorted.
+    """
+    keep = np.zeros(diffs.size, dtype=bool)
+    if budget <= 0.0 or diffs.size == 0:
+        return keep
+    if float(diffs.sum()) <= budget:
+        keep[:] = True
+        return keep
+    exponent = np.frexp(diffs)[1]
+    bucket = exponent - exponent.min()
+    cumulative = np.cumsum(np.bincount(bucket, weights=diffs))
+    full = int(np.searchsorted(cumulative, budget, side="right"))  # buckets that fit whole
+    keep = bucket < full
+    left = budget - (float(cumulative[full - 1]) if full else 0.0)
+    edge = np.flatnonzero(bucket == full)
+    if edge.size and left > 0.0:
+        order = np.argsort(diffs[edge], kind="stable")
+        fits = int(np.searchsorted(np.cumsum(diffs[edge][order]), left, side="right"))
+        keep[edge[order[:fits]]] = True
+    return keep
+
+
+@dataclass
+class ZsetRecord:
+    """What one Redis ZSET holds, by page id: the score (0 where absent) and presence."""
+
+    values: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    present: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+    def grow(self, n: int) -> None:
+        if n > self.values.size:
+            cap = max(n, self.values.size + (self.values.size >> 1), 1024)
+            values = np.zeros(cap)
+            values[: self.values.size] = self.values
+            present = np.zeros(cap, dtype=bool)
+            present[: self.present.size] = self.present
+            self.values, self.present = values, present
+
+    def members(self) -> int:
+        """ZCARD of the ZSET (Redis deletes an empty ZSET: 0 means the key is absent)."""
+        return int(np.count_nonzero(self.present))
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """The changes that bring a ZSET record to ``y`` within the budget."""
+
+    add_ids: np.ndarray  # sorted ids to ZADD (with add_values)
+    add_values: np.ndarray
+    remove_ids: np.ndarray  # sorted ids to ZREM
+    unwritten: int  # live pages left with a stale value
+    remainder: float  # ||y - zset||_1 over live pages once written
+
+
+def plan_writes(y: np.ndarray, live: np.ndarray, record: ZsetRecord, *, threshold: float,
+                budget: float) -> WritePlan:
+    """What to write into ``record``'s ZSET so that it shows ``y``; updates ``record``.
+
+    Live pages missing from the ZSET are always added and dead members always
+    removed (membership is exact); value moves above ``threshold`` are written
+    largest first until the unwritten ones fit ``budget``.
+    """
+    n = y.size
+    record.grow(n)
+    values, present = record.values[:n], record.present[:n]
+    diff = np.abs(y - values)
+    missing = live & ~present
+    stale = live & present
+    candidate = stale & (diff > threshold)
+    dust = float(diff[stale & ~candidate].sum())
+    add = missing | candidate
+    if budget - dust > 0.0:
+        cand_ids = np.flatnonzero(candidate)
+        keep = unwritten_within(diff[cand_ids], budget - dust)
+        add[cand_ids[keep]] = False
+    add_ids = np.flatnonzero(add)
+    remove_ids = np.flatnonzero(present & ~live)
+    add_values = y[add_ids].astype(np.float64, copy=True)
+    values[add_ids] = add_values
+    present[add_ids] = True
+    values[remove_ids] = 0.0
+    present[remove_ids] = False
+    remainder = float(np.abs(y[live] - values[live]).sum())
+    unwritten = int(np.count_nonzero(live & (values != y)))
+    return WritePlan(add_ids, add_values, remove_ids, unwritten, remainder)
