@@ -149,8 +149,11 @@ class Mirror:
         return PlannedBatch(write, applied, dict(partition_offsets), planned.removed_ids,
                             revived, messages, dead_letters)
 
-    def apply_planned(self, batch: PlannedBatch) -> dict[str, Any]:
+    def apply_planned(self, batch: PlannedBatch, *, tolerance: float | None = None
+                      ) -> dict[str, Any]:
         """Apply the batch to the graph and engines (while or after its EXEC runs).
+
+        ``tolerance``: the engines' refresh target for this batch (default: theirs).
 
         If its transaction then cannot commit (another consumer took the lease and
         wrote), the mirror no longer matches Redis: the caller rebuilds it.
@@ -160,7 +163,7 @@ class Mirror:
             self.removed_flag = np.concatenate(
                 [self.removed_flag, np.zeros(n - len(self.removed_flag), dtype=bool)])
         self.removed_flag[batch.revived_ids] = False
-        reports: dict[str, Any] = self.ranks.apply(batch.applied.batch)
+        reports: dict[str, Any] = self.ranks.apply(batch.applied.batch, tolerance=tolerance)
         self.removed_flag[batch.removed_ids] = True
         self.counters = batch.write.counters
         self.offsets.update(batch.partition_offsets)

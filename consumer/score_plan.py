@@ -74,12 +74,15 @@ class WritePlan:
 
 
 def plan_writes(y: np.ndarray, live: np.ndarray, record: ZsetRecord, *, threshold: float,
-                budget: float) -> WritePlan:
+                budget: float, max_updates: int | None = None) -> WritePlan:
     """What to write into ``record``'s ZSET so that it shows ``y``; updates ``record``.
 
     Live pages missing from the ZSET are always added and dead members always
     removed (membership is exact); value moves above ``threshold`` are written
-    largest first until the unwritten ones fit ``budget``.
+    largest first until the unwritten ones fit ``budget``, but at most
+    ``max_updates`` of them (the largest): that caps the Redis time of one
+    publication, and what is left stays in ``remainder``, which the published
+    bound includes, for the next publication to write.
     """
     n = y.size
     record.grow(n)
@@ -94,6 +97,12 @@ def plan_writes(y: np.ndarray, live: np.ndarray, record: ZsetRecord, *, threshol
         cand_ids = np.flatnonzero(candidate)
         keep = unwritten_within(diff[cand_ids], budget - dust)
         add[cand_ids[keep]] = False
+    if max_updates is not None:
+        updates = np.flatnonzero(add & ~missing)
+        drop = updates.size - max(max_updates, 0)
+        if drop > 0:
+            smallest = np.argpartition(diff[updates], drop - 1)[:drop]
+            add[updates[smallest]] = False
     add_ids = np.flatnonzero(add)
     remove_ids = np.flatnonzero(present & ~live)
     add_values = y[add_ids].astype(np.float64, copy=True)

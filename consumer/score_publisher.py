@@ -35,7 +35,15 @@ What is written into the back buffer (:func:`consumer.score_plan.plan_writes`):
 every live page missing from it, a ZREM of every member that is no longer live,
 and the members whose value differs from ``y`` by more than ``publish_threshold``,
 largest difference first, until the unwritten rest fits the budget
-``min(budget_fraction * tolerance * total, tolerance * total - engine bound)``.
+``min(budget_fraction * tolerance * total, tolerance * total - engine bound)``,
+and at most ``max_updates`` per algorithm (setting ``publish_max_updates``). The cap
+is what keeps the event-to-score latency low on a growing graph: there every page
+moves by more than the budget allows at every refresh (the graph grows by a few
+percent between publications during an initial crawl), so an uncapped publication
+is a full rewrite, seconds of Redis on a 1M-page graph. A capped one writes the new
+pages and the largest moves; the published ``bound`` says exactly how far the rest
+lags, ``fresh`` is 0 while it exceeds the tolerance, and the following publications
+(and an idle consumer's refreshes) write the rest, largest first.
 
 ``bound`` in meta certifies the vector readers actually see: the engine's
 certified ``||y_exact - y||_1`` plus ``||y - zset||_1``, computed exactly from our
@@ -198,7 +206,8 @@ class ScorePublisher:
     def __init__(self, client: redis.Redis, keys: Keys, *, damping: float,
                  tolerance: float, publish_threshold: float, owner: str = "0",
                  scripts: bool = True, chunk_members: int = CHUNK_MEMBERS,
-                 budget_fraction: float = BUDGET_FRACTION) -> None:
+                 budget_fraction: float = BUDGET_FRACTION,
+                 max_updates: int | None = None) -> None:
         self.client = client
         self.keys = keys
         self.damping = damping
@@ -208,6 +217,7 @@ class ScorePublisher:
         self.scripts = scripts
         self.chunk_members = max(int(chunk_members), 1)
         self.budget_fraction = budget_fraction
+        self.max_updates = max_updates
         self.urls = UrlTable()
         self._live: dict[str, ZsetRecord] = {}
         self._back: dict[str, ZsetRecord] = {}
@@ -229,8 +239,11 @@ class ScorePublisher:
         self._live, self._back, self._live_known, self._back_dropped = {}, {}, {}, {}
 
     def prepare(self, ranks: Any, reports: Mapping[str, Any], *, version: int,
-                offsets: Mapping[str, int]) -> Publication:
+                offsets: Mapping[str, int], capped: bool = True) -> Publication:
         """Build the publication of the engines' current ``y`` (no I/O).
+
+        ``capped``: at most ``max_updates`` value updates per algorithm (the largest
+        moves); False writes every move the budget does not cover.
 
         Updates the record of the back buffer as if the chunks were written: if they
         are not (the lease was lost), the caller must :meth:`reset`.
@@ -261,7 +274,8 @@ class ScorePublisher:
             allowed = self.tolerance * total
             budget = max(0.0, min(self.budget_fraction * allowed, allowed - float(report.bound)))
             plan = plan_writes(y, live, back, threshold=self.publish_threshold,
-                               budget=budget * (1.0 - 1e-9))
+                               budget=budget * (1.0 - 1e-9),
+                               max_updates=self.max_updates if capped else None)
             for start in range(0, plan.remove_ids.size, size):
                 chunks.append(Chunk("ZREM", back_key, plan.remove_ids[start:start + size]))
             for start in range(0, plan.add_ids.size, size):

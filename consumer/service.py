@@ -65,6 +65,13 @@ T = TypeVar("T")
 
 RETRYABLE = (redis.ConnectionError, redis.TimeoutError, ServiceUnavailable)
 MAX_IDLE_REFRESHES = 5  # extra refreshes before a --until-caught-up exit
+# While a capped publication leaves the published scores lagging y by a relative L1
+# distance L (see consumer.score_publisher), refining y per batch far below L is work
+# nobody can see yet: the engines then refresh to CATCHUP_SHARE * L (never looser
+# than CATCHUP_MAX_TOLERANCE, never tighter than the tolerance). Idle refreshes and
+# the final publication always go back to the tolerance, so `fresh` means the same.
+CATCHUP_SHARE = 0.1
+CATCHUP_MAX_TOLERANCE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -120,7 +127,11 @@ class ConsumerService:
                                         tolerance=settings.tolerance,
                                         publish_threshold=settings.publish_threshold,
                                         owner=self.lock.holder.token[:12],
-                                        scripts=self.options.bulk_writes)
+                                        scripts=self.options.bulk_writes,
+                                        max_updates=settings.publish_max_updates or None)
+        # A consumer on its way out writes its last publication whole: drain() lifts it.
+        self._capped = True
+        self._publication_lag = 0.0  # relative L1 distance of the last publication from y
         self.mirror: Mirror | None = None
         self.source: KafkaSource | None = None
         self.dlq: DeadLetterSender | None = None
@@ -343,7 +354,7 @@ class ConsumerService:
         commit = self._writer.submit(self._commit, planned)
         # The engines absorb the batch while its transaction is in flight (Redis and
         # this process work in parallel); scores are published only once it committed.
-        reports = mirror.apply_planned(planned)
+        reports = mirror.apply_planned(planned, tolerance=self._batch_tolerance())
         t_rank = time.perf_counter()
         if not self.stop_event.is_set() and not self._would_be_caught_up(batch.next_offsets):
             self._prefetched = self.fetch()
@@ -367,6 +378,13 @@ class ConsumerService:
             "publish_s": round(done - t_commit, 4)}})
         self._heartbeat()
 
+    def _batch_tolerance(self) -> float | None:
+        """The engines' refresh target for the next batch (None: the tolerance)."""
+        if self._publication_lag <= 0.0 or not self._capped:
+            return None
+        target = min(CATCHUP_SHARE * self._publication_lag, CATCHUP_MAX_TOLERANCE)
+        return target if target > self.settings.tolerance else None
+
     def _would_be_caught_up(self, next_offsets: dict[int, int]) -> bool:
         if self._targets is None:
             return False
@@ -375,6 +393,7 @@ class ConsumerService:
 
     def drain(self) -> None:
         """Publish everything pending and wait for it (called before a clean exit)."""
+        self._capped = False
         self._flush_publications()
         if self.stop_reason == "caught-up":
             for _ in range(MAX_IDLE_REFRESHES):
@@ -432,8 +451,12 @@ class ConsumerService:
         reports, self._pending = self._pending, {}
         publication = self.publisher.prepare(mirror.ranks, reports,
                                              version=mirror.counters.version,
-                                             offsets=mirror.offsets_fields())
+                                             offsets=mirror.offsets_fields(),
+                                             capped=self._capped)
         self._last_sent = reports
+        self._publication_lag = max(
+            ((item.bound - float(reports[item.algorithm].bound)) / item.total
+             for item in publication.summary if item.total > 0), default=0.0)
         self._publishing = self._pub_writer.submit(self._send_publication, publication)
 
     def _flush_publications(self) -> None:
@@ -549,7 +572,8 @@ class ConsumerService:
 
     def _heartbeat(self, *, force: bool = False) -> None:
         now = time.monotonic()
-        if not self._holding:
+        # A fenced consumer must not overwrite the live one's status on its way out.
+        if not self._holding or self.lock.lost.is_set():
             return
         if not force and now - self._last_status < self.options.status_interval_s:
             return

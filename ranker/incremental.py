@@ -141,8 +141,16 @@ class LiveRanks:
             reports[name] = report
         return reports
 
-    def apply(self, batch: EdgeBatch) -> dict[str, RefreshReport]:
-        """Apply ``batch`` to the graph and refresh every algorithm incrementally."""
+    def apply(self, batch: EdgeBatch, *, tolerance: float | None = None
+              ) -> dict[str, RefreshReport]:
+        """Apply ``batch`` to the graph and refresh every algorithm incrementally.
+
+        ``tolerance`` overrides the refresh target of this call only (a caller that
+        cannot use more accuracy yet, e.g. a consumer whose published scores lag by
+        more, saves the work); the reports' ``fresh`` then refers to it.
+        """
+        if tolerance is not None and not tolerance > 0.0:
+            raise InputError(f"tolerance must be positive, got {tolerance!r}")
         graph = self.graph
         sources, targets = self._changing_links(batch)
         cols = {name: e.columns(sources, targets) for name, e in self.engines.items()}
@@ -157,7 +165,14 @@ class LiveRanks:
             engine.absorb(cols[name], applied)
             if recompute:
                 engine.recompute_residual()
-            reports[name] = engine.refresh()
+            if tolerance is None:
+                reports[name] = engine.refresh()
+                continue
+            engine.tolerance = float(tolerance)
+            try:
+                reports[name] = engine.refresh()
+            finally:
+                engine.tolerance = self.tolerance
         return reports
 
     def _changing_links(self, batch: EdgeBatch) -> tuple[np.ndarray, np.ndarray]:

@@ -57,6 +57,12 @@ class Settings(BaseSettings):
     publish_threshold: float = Field(
         1e-7, ge=0.0, description="write a page's score only if it moved by more than this"
     )
+    publish_max_updates: int = Field(
+        50_000, ge=0,
+        description="at most this many score updates per algorithm per publication, the "
+        "largest moves first (new pages always); keeps publications short on a growing "
+        "graph; the rest is in the published bound and written next; 0: no cap",
+    )
     max_iter: int = Field(1000, ge=1)
 
     # --- Consumer --------------------------------------------------------------

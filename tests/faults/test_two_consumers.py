@@ -50,16 +50,17 @@ def test_second_consumer_refuses_and_a_stalled_first_one_is_fenced(
         third = spawn(*lease)
         before = probe.consumed()
         takeover = wait_for(lambda: probe.consumed() > before, 60, "the third consumer")
+        wait_for(lambda: client.hget(probe.keys.status, "pid") == str(third.pid).encode(),
+                 10, "the status of the live consumer")
         # 3. The first wakes up: its next transaction is fenced off and it stops.
         os.kill(first.pid, signal.SIGCONT)
         assert first.wait(timeout=60) == 2, first.output()[-3000:]
         fenced = first.output().strip().splitlines()[-1]
         assert "another consumer took" in fenced, first.output()[-3000:]
         assert third.alive()
-        # The live consumer's heartbeat owns P status. (The fenced one still writes
-        # state=stopped with its pid on its way out; the next heartbeat, within 1 s,
-        # repairs it: a cosmetic gap reported for consumer/service.py.)
-        wait_for(lambda: probe.state() == "running", 10, "the status of the live consumer")
+        # The live consumer owns P status: the fenced one must not write its
+        # state=stopped there on its way out.
+        assert probe.state() == "running"
         assert client.hget(probe.keys.status, "pid") == str(third.pid).encode()
         replayer.join()
         wait_for(lambda: probe.caught_up(len(log)), 120, "catching up")

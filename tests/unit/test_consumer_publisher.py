@@ -62,6 +62,29 @@ def test_plan_with_no_budget_writes_every_move_above_the_threshold():
     assert plan.remainder == abs(1.0 - (1.0 + 1e-12))  # below the threshold: dust
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 30))
+def test_capped_plan_adds_every_new_page_and_only_the_largest_moves(seed, cap):
+    rng = np.random.default_rng(seed)
+    n = 40
+    y = rng.random(n)
+    live = rng.random(n) < 0.9
+    present = rng.random(n) < 0.7
+    rec = record(np.where(present, y + rng.normal(0, 0.1, n), 0.0), present)
+    before = rec.values[:n].copy()
+    plan = plan_writes(y, live, rec, threshold=0.0, budget=0.0, max_updates=cap)
+    added = set(plan.add_ids.tolist())
+    assert set(np.flatnonzero(live & ~present).tolist()) <= added  # membership exact
+    updates = [i for i in added if present[i]]
+    assert len(updates) <= cap
+    diff = np.abs(y - before)
+    skipped = [i for i in np.flatnonzero(live & present) if i not in added]
+    if updates and skipped:
+        assert diff[skipped].max() <= diff[updates].min()
+    assert math.isclose(plan.remainder, float(np.abs(y[live] - rec.values[:n][live]).sum()),
+                        abs_tol=1e-12)
+
+
 def test_plan_grows_the_record_for_new_ids():
     rec = ZsetRecord()
     plan = plan_writes(np.array([0.5, 0.25]), np.array([True, True]), rec, threshold=0.0,
