@@ -53,6 +53,9 @@ class Mirror:
     topic: str
     load_seconds: float = 0.0
     start_reports: dict[str, Any] = field(default_factory=dict)
+    # What the live score ZSETs held at load (by id, 0 = absent), so the publisher
+    # need not rewrite them from scratch; empty when loaded with another warm start.
+    published: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def graph(self) -> Any:
@@ -86,8 +89,9 @@ class Mirror:
         removed_flag = np.zeros(n, dtype=bool)
         removed_flag[stored.removed] = True
         loaded = time.perf_counter()
+        published: dict[str, np.ndarray] = {}
         if warm is None:
-            warm = load_published(client, keys, graph.id_of, n)
+            warm = published = load_published(client, keys, graph.id_of, n)
         else:
             warm = {alg: np.asarray(vec[:n]) for alg, vec in warm.items()}
         ranks = LiveRanks(graph, damping=settings.damping, tolerance=settings.tolerance,
@@ -106,7 +110,8 @@ class Mirror:
             "redis_read_seconds": round(stored.seconds, 3)}})
         return cls(ranks=ranks, applier=EventApplier(graph, last_ts), removed_flag=removed_flag,
                    counters=counters, offsets=dict(stored.offsets), topic=settings.topic,
-                   load_seconds=time.perf_counter() - started, start_reports=reports)
+                   load_seconds=time.perf_counter() - started, start_reports=reports,
+                   published=published)
 
     def plan(self, events: Sequence[Any], partition_offsets: Mapping[int, int],
              messages: int, dead_letters: int) -> PlannedBatch:

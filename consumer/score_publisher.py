@@ -238,6 +238,20 @@ class ScorePublisher:
         self.urls = UrlTable()
         self._live, self._back, self._live_known, self._back_dropped = {}, {}, {}, {}
 
+    def adopt(self, algorithm: str, values: np.ndarray) -> None:
+        """Record what the live ZSET of ``algorithm`` holds, as just read from Redis
+        (by page id; 0 = absent: scores of live pages are positive).
+
+        After a restart this saves one full rewrite: the first publication still
+        fills an empty back buffer, but the live ZSET it replaces becomes a known
+        back buffer, so the second one writes only differences. If the record is
+        wrong (a member we have no id for), the swap's ZCARD check refuses it and
+        the publisher starts over from scratch (:meth:`reset`).
+        """
+        values = np.asarray(values, dtype=np.float64)
+        self._live[algorithm] = ZsetRecord(values.copy(), values != 0.0)
+        self._live_known[algorithm] = True
+
     def prepare(self, ranks: Any, reports: Mapping[str, Any], *, version: int,
                 offsets: Mapping[str, int], capped: bool = True) -> Publication:
         """Build the publication of the engines' current ``y`` (no I/O).

@@ -228,6 +228,9 @@ class ConsumerService:
         self.stats.load_seconds = self.mirror.load_seconds
         self._committed = (self.mirror.counters.version, self.mirror.offsets_fields())
         self.publisher.reset()
+        for algorithm, values in self.mirror.published.items():
+            self.publisher.adopt(algorithm, values)
+        self.mirror.published = {}
         self._publish(self.mirror.start_reports)
         self.source = self._retry("connecting to kafka", lambda: KafkaSource(settings))
         self.dlq = self._retry("connecting the dlq producer", lambda: DeadLetterSender(settings))

@@ -201,3 +201,40 @@ def test_the_swap_is_fenced_and_a_stale_consumer_cannot_publish(isolated, client
     # publication with its meta.
     assert {a: zset(client, keys.scores(a)) for a in ALGORITHMS} == before
     assert client.hget(keys.meta("pagerank"), "version") == b"1"
+
+
+def test_a_restarted_publisher_adopts_the_live_zset_and_then_writes_only_moves(
+        isolated, client):
+    """After a restart one full write (the empty back buffer), not two."""
+    from consumer.redis_store import load_published
+
+    keys = Keys(isolated.key_prefix)
+    rng = np.random.default_rng(5)
+    ranks = FakeRanks(FakeGraph(), {})
+    first = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6, publish_threshold=0.0,
+                           owner="a")
+    for step in range(3):
+        evolve(rng, ranks, step)
+        reports = {a: Report(0.0, float(ranks.y[a].sum())) for a in ALGORITHMS}
+        assert first.send(first.prepare(ranks, reports, version=step, offsets={}))
+    graph = ranks.graph
+    ids = {url: i for i, url in enumerate(graph.urls)}
+    loaded = load_published(client, keys, ids.get, graph.num_ids)
+    second = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6, publish_threshold=0.0,
+                            owner="b")
+    for algorithm, values in loaded.items():
+        second.adopt(algorithm, values)
+    sizes = []
+    for step in range(3, 6):
+        changed = rng.random(graph.num_ids) < 0.1
+        for algorithm in ALGORITHMS:
+            ranks.y[algorithm] = np.where(changed & graph.live, ranks.y[algorithm] + 0.5,
+                                          ranks.y[algorithm])
+        reports = {a: Report(0.0, float(ranks.y[a].sum())) for a in ALGORITHMS}
+        publication = second.prepare(ranks, reports, version=step, offsets={})
+        assert second.send(publication)
+        sizes.append(publication.members)
+        check(client, keys, ranks, reports)
+    live = int(graph.live.sum())
+    assert sizes[0] == 2 * live  # the empty back buffer, filled once
+    assert sizes[1] < live and sizes[2] < live  # then only what moved since
