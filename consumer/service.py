@@ -6,8 +6,9 @@ changes and the next offsets -> apply to the in-memory engines -> publish the
 scores and meta once that EXEC succeeded (see :mod:`consumer.score_publisher`)
 -> commit offsets to Kafka (for lag tools only) -> status heartbeat.
 
-Concurrency: the graph transaction runs on a writer thread while the main thread
-applies the same batch to the engines and polls and decodes the next one;
+Concurrency: the graph transaction runs on a writer thread while a ranker thread
+applies the same batch to the engines (compiled kernels, GIL released) and the main
+thread polls and decodes the next one;
 publications run on a second writer thread and are coalesced (batches that
 finish while one is being written join the next). A publication only ever
 covers batches whose transaction committed.
@@ -142,6 +143,10 @@ class ConsumerService:
         # decodes the next batch; publications run on another, coalesced (see process).
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graph-writer")
         self._pub_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="score-writer")
+        # The engines' kernels release the GIL, so a batch is ranked on this thread
+        # while the main thread polls and decodes the next one (which touches no
+        # shared state); the main thread joins it before anything else.
+        self._ranker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ranker")
         self._prefetched: Fetched | None = None
         self._publishing: Future[bool] | None = None
         # Latest engine report per algorithm not yet published (publications are
@@ -279,6 +284,7 @@ class ConsumerService:
         return all(positions.get(p, 0) >= end for p, end in self._targets.items() if end > 0)
 
     def shutdown(self) -> None:
+        self._ranker.shutdown(wait=True)
         self._writer.shutdown(wait=True)
         self._pub_writer.shutdown(wait=True)
         if self._holding:
@@ -357,11 +363,17 @@ class ConsumerService:
         commit = self._writer.submit(self._commit, planned)
         # The engines absorb the batch while its transaction is in flight (Redis and
         # this process work in parallel); scores are published only once it committed.
-        reports = mirror.apply_planned(planned, tolerance=self._batch_tolerance())
+        prefetch = (not self.stop_event.is_set()
+                    and not self._would_be_caught_up(batch.next_offsets))
+        ranking = self._ranker.submit(mirror.apply_planned, planned,
+                                      tolerance=self._batch_tolerance())
+        try:
+            if prefetch:
+                self._prefetched = self.fetch()
+        finally:
+            t_fetch = time.perf_counter()
+            reports = ranking.result()  # never leave the engines running unjoined
         t_rank = time.perf_counter()
-        if not self.stop_event.is_set() and not self._would_be_caught_up(batch.next_offsets):
-            self._prefetched = self.fetch()
-        t_fetch = time.perf_counter()
         commit.result()
         t_commit = time.perf_counter()
         self._pending.update(reports)
@@ -376,8 +388,8 @@ class ConsumerService:
             "moved": {a: int(r.moved_ids.size) for a, r in reports.items()},
             "modes": {a: str(r.mode) for a, r in reports.items()},
             "plan_s": round(t_plan - started, 4), "dlq_s": round(t_sent - t_plan, 4),
-            "rank_s": round(t_rank - t_sent, 4), "prefetch_s": round(t_fetch - t_rank, 4),
-            "wait_commit_s": round(t_commit - t_fetch, 4),
+            "prefetch_s": round(t_fetch - t_sent, 4), "rank_s": round(t_rank - t_fetch, 4),
+            "wait_commit_s": round(t_commit - t_rank, 4),
             "publish_s": round(done - t_commit, 4)}})
         self._heartbeat()
 
