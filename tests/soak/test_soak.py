@@ -115,6 +115,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+@pytest.mark.timeout(SECONDS + 900)  # the run itself, start-up and the final catch-up
 def test_soak(isolated: Isolated, tmp_path: Path) -> None:
     settings = isolated.settings
     keys = Keys(settings.key_prefix)
