@@ -3,6 +3,8 @@
 Everything here is a tight scalar loop over flat arrays (numba, ``cache=True`` so
 the compile cost is paid once per machine, not once per process). The graph's own
 kernels are in :mod:`ranker._graph_kernels`; the adjacency layout is described there.
+The kernels release the GIL (``nogil``): a service's I/O threads, such as the
+consumer's Redis writers, keep running while an engine sweeps for hundreds of ms.
 
 Engine "kind": 0 = PageRank (``M[n, m] = 1 / O[m]``), 1 = Weighted PageRank
 (``M[n, m] = I[n] * O[n] / (SI[m] * SO[m])``, or ``I[n] / (SI[m] * |R(m)|)``
@@ -24,10 +26,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def njit(*, cache: bool = True, inline: Literal["never", "always"] = "never"
          ) -> Callable[[F], F]:
-    """``numba.njit`` that keeps the Python signature visible to type checkers."""
+    """``numba.njit`` (GIL released) that keeps the Python signature visible to type
+    checkers."""
 
     def wrap(func: F) -> F:
-        return cast(F, numba.njit(cache=cache, inline=inline)(func))
+        return cast(F, numba.njit(cache=cache, inline=inline, nogil=True)(func))
 
     return wrap
 
@@ -101,6 +104,72 @@ def add_columns(kind, cols, sign, damping, y, r, out_start, out_len, out_nbr, in
             r[n] = old + c * _edge_factor(mode, n, in_len, out_len)
             dl1 += abs(r[n]) - abs(old)
             _enqueue(n, queue, qstate, inq)
+        work += deg
+    return work, dl1
+
+
+@njit(cache=True)
+def wpr_reweigh_columns(cols, is_source, changed, prev_in, prev_out, has_prev, damping, y, r,
+                        out_start, out_len, out_nbr, in_start, in_len, in_nbr, si, so, queue,
+                        qstate, inq):
+    """WPR columns whose out-row did not change but whose weights did, in ONE pass.
+
+    Call after the graph changed. ``cols`` are WPR's changed columns; those with
+    ``is_source`` set (new out-rows) are handled by :func:`add_columns`, not here.
+    For the others ``R(m)`` is unchanged, so ``SI[m]``/``SO[m]`` move only by the
+    degree changes of the ``changed`` pages (``prev_in``/``prev_out`` hold their
+    degrees before the change, ``has_prev`` marks them), applied through those
+    pages' in-rows instead of re-summing every out-row; then ``r[n]`` gets
+    ``d * y[m] * (M_new[n, m] - M_old[n, m])`` directly, instead of a retract pass
+    and an absorb pass. Returns ``(work, change of sum |r|)``.
+    """
+    old_scale = np.zeros(cols.size)
+    old_mode = np.zeros(cols.size, dtype=np.int64)
+    for k in range(cols.size):
+        m = cols[k]
+        if not is_source[m]:
+            old_scale[k], old_mode[k] = _column_scale(KIND_WPR, m, out_len, si, so)
+    for k in range(changed.size):
+        p = changed[k]
+        d_in = float(in_len[p] - prev_in[p])
+        d_out = float(out_len[p] - prev_out[p])
+        if d_in == 0.0 and d_out == 0.0:
+            continue
+        base = in_start[p]
+        for i in range(in_len[p]):
+            m = in_nbr[base + i]
+            if not is_source[m]:
+                si[m] += d_in
+                so[m] += d_out
+    work = 0
+    dl1 = 0.0
+    for k in range(cols.size):
+        m = cols[k]
+        if is_source[m] or y[m] == 0.0:
+            continue
+        scale, mode = _column_scale(KIND_WPR, m, out_len, si, so)
+        c_new = damping * y[m] * scale
+        c_old = damping * y[m] * old_scale[k]
+        mode_old = old_mode[k]
+        base = out_start[m]
+        deg = out_len[m]
+        for i in range(deg):
+            n = out_nbr[base + i]
+            new = c_new * _edge_factor(mode, n, in_len, out_len)
+            if has_prev[n]:
+                if mode_old == 1:
+                    old = c_old * float(prev_in[n]) * float(prev_out[n])
+                elif mode_old == 2:
+                    old = c_old * float(prev_in[n])
+                else:
+                    old = c_old
+            else:
+                old = c_old * _edge_factor(mode_old, n, in_len, out_len)
+            if new != old:
+                before = r[n]
+                r[n] = before + (new - old)
+                dl1 += abs(r[n]) - abs(before)
+                _enqueue(n, queue, qstate, inq)
         work += deg
     return work, dl1
 

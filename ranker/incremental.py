@@ -44,7 +44,10 @@ class LiveRanks:
             report's ``max_abs_bound`` (a bound on ``max |y_exact - y|``, paper scale)
             to be at most this.
         local_work: link visits per graph link a local push may spend before the
-            refresh switches to global sweeps.
+            refresh switches to global sweeps. Small, because a FIFO push costs
+            about twice as much per link visit as a sweep (random order): on the
+            1M-page DAG graph a 1k-link PageRank batch took 485 ms pushing locally
+            (0.78 link visits per link) and 270 ms in sweeps (0.72).
         recompute_every: batches between exact residual recomputations.
     """
 
@@ -58,7 +61,7 @@ class LiveRanks:
         publish_threshold: float = 1e-7,
         max_iter: int = 1000,
         max_error: float | None = None,
-        local_work: float = 1.0,
+        local_work: float = 0.1,
         recompute_every: int = 64,
     ) -> None:
         if not 0.0 < damping < 1.0:
