@@ -10,7 +10,8 @@ page that already has ~10 links replaces them, about 10 removals and 10 addition
 so that is about 50k link changes/s, half the end-to-end target of issue 3 and the
 rate at which freshness is promised; the report gives the measured link changes
 per second), ``RANKSTREAM_SOAK_PAGES`` (size of the page universe, default 100k),
-``RANKSTREAM_SOAK_REPORT`` (write the samples as JSON).
+``RANKSTREAM_SOAK_REPORT`` (write the samples as JSON), ``RANKSTREAM_SOAK_LOG_LEVEL``
+(the consumer's, default WARNING; INFO logs every batch and publication).
 
 The stream re-crawls a FIXED universe of pages (random page, ~10 random links,
 increasing ts), so the graph stops growing once every page has been crawled and
@@ -44,6 +45,7 @@ SECONDS = float(os.environ.get("RANKSTREAM_SOAK_SECONDS", "0") or 0)
 RATE = float(os.environ.get("RANKSTREAM_SOAK_RATE", "2500"))
 PAGES = int(os.environ.get("RANKSTREAM_SOAK_PAGES", "100000"))
 REPORT = os.environ.get("RANKSTREAM_SOAK_REPORT")
+LOG_LEVEL = os.environ.get("RANKSTREAM_SOAK_LOG_LEVEL", "WARNING")  # INFO: per-batch logs
 GARBAGE_EVERY = 1000
 LINKS = 10
 
@@ -125,7 +127,8 @@ def test_soak(isolated: Isolated, tmp_path: Path) -> None:
     freshness: list[float] = []
     with consumers(settings, tmp_path) as spawn, \
             LinkPublisher.from_settings(settings, linger_ms=50) as publisher:
-        proc = spawn("--log-level", "WARNING")
+        proc = spawn("--log-level", LOG_LEVEL)
+        print(f"consumer log: {proc.log_path}", flush=True)
         wait_for(lambda: client.hget(keys.status, "state") == b"running", 120, "the consumer")
         producer = SteadyProducer(publisher, RATE, PAGES, SECONDS)
         started = time.time()
