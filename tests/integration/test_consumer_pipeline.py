@@ -105,8 +105,13 @@ def one_partition(isolated: Isolated) -> Iterator[Settings]:
 
 # -- tests -----------------------------------------------------------------------------
 
-def test_replay_equals_offline_graph_and_scores_within_the_bound(one_partition, tmp_path):
-    settings = one_partition.model_copy(update={"batch_max_events": 400})
+@pytest.mark.parametrize("max_updates", [20_000, 25], ids=["default-cap", "tiny-cap"])
+def test_replay_equals_offline_graph_and_scores_within_the_bound(one_partition, tmp_path,
+                                                                 max_updates):
+    # With a tiny cap every publication during the run is partial (and says so in its
+    # bound); the final one, on the way out, is whole and fresh.
+    settings = one_partition.model_copy(update={"batch_max_events": 400,
+                                                "publish_max_updates": max_updates})
     log = list(synthetic_event_dicts(3000, seed=11, edit_fraction=0.3))
     assert any(m["type"] == "page_removed" for m in log)
     publish(settings, log)
