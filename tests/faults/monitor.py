@@ -6,9 +6,9 @@ write of the consumer checks its lease first: a graph transaction as ``WATCH P
 lock`` + ``GET P lock`` before its ``MULTI``; a publication first pipelines
 plain ZADD/ZREM chunks into its private back buffer ``P scores:{alg}:next:...``
 and then swaps it in either the same way or with a script (``GET P lock`` as the
-script's first call; MONITOR shows it from the client ``lua``). MONITOR echoes every command when Redis reads it, the queued
-commands of a ``MULTI`` included, stamped with Redis's clock. So from the MONITOR
-stream we can
+script's first call; MONITOR shows it from the client ``lua``). MONITOR echoes
+every command when Redis reads it, the queued commands of a ``MULTI`` included,
+stamped with Redis's clock. So from the MONITOR stream we can
 
 * react to the n-th lease check (or back-buffer write, see :meth:`RedisMonitor.arm`)
   of a consumer process: freeze Redis (SIGSTOP) at

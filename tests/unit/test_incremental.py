@@ -204,7 +204,7 @@ def test_drift_guard_changes_nothing_beyond_rounding() -> None:
 def test_large_batches_switch_to_global_sweeps_small_ones_stay_local() -> None:
     synthetic = copying_model_graph(3000, 8.0, seed=5)
     graph = synthetic.to_linkgraph()
-    # On 24k links the default budget (0.1 link visits per link plus 10k) is about
+    # On 24k links the default budget (0.2 link visits per link plus 10k) is about
     # what one 4-link change spreads to; a full link visit per link keeps it local.
     ranks = LiveRanks(graph, tolerance=1e-4, local_work=1.0)
     ranks.cold_start()
