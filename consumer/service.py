@@ -72,7 +72,7 @@ MAX_IDLE_REFRESHES = 5  # extra refreshes before a --until-caught-up exit
 # than CATCHUP_MAX_TOLERANCE, never tighter than the tolerance). Idle refreshes and
 # the final publication always go back to the tolerance, so `fresh` means the same.
 CATCHUP_SHARE = 0.1
-CATCHUP_MAX_TOLERANCE = 1e-3
+CATCHUP_MAX_TOLERANCE = 1e-2
 
 
 @dataclass(frozen=True)
