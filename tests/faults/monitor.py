@@ -110,6 +110,7 @@ class RedisMonitor:
         command = Command(float(match.group(1)), client, args)
         check = command.name == b"GET" and self.lock_key in args
         chunk = client != LUA and self._is_chunk(command)
+        watch = client != LUA and command.name == b"WATCH" and self.lock_key in args
         if client == LUA and not check:
             return
         with self._cond:
@@ -118,8 +119,10 @@ class RedisMonitor:
                 self._checks.append((command.at, "script" if client == LUA else "transaction"))
             elif chunk:
                 self._checks.append((command.at, "chunk"))
+            elif watch:
+                self._checks.append((command.at, "watch"))
             self._cond.notify_all()
-        if (check or chunk) and self._trigger is not None:
+        if (check or chunk or watch) and self._trigger is not None:
             since, count, target, action, fired = self._trigger
             if sum(1 for at, kind in self._checks if at >= since and kind == target) >= count:
                 # Act from this thread: a hand-over to the test's thread could cost a
@@ -139,10 +142,12 @@ class RedisMonitor:
             target: str) -> threading.Event:
         """Run ``action`` (on the monitor thread) at the ``count``-th step of kind
         ``target`` seen after ``since``: "transaction" (a lease check made by the client
-        before a MULTI: graph transactions, lease takeover and renewal), "script" (a
-        lease check inside a script: the publication's swap) or "chunk" (a write into
-        a publication's private back buffer, which a pipeline of them follows). The
-        returned event is set once ``action`` ran."""
+        before a MULTI: graph transactions, lease takeover and renewal), "watch" (the
+        WATCH of the lease key that starts such a transaction: freezing Redis there
+        leaves the client waiting for its lease check, so the kill lands before its
+        EXEC), "script" (a lease check inside a script: the publication's swap) or
+        "chunk" (a write into a publication's private back buffer, which a pipeline
+        of them follows). The returned event is set once ``action`` ran."""
         fired = threading.Event()
         self._trigger = (since, count, target, action, fired)
         return fired

@@ -1,15 +1,19 @@
 """SIGKILL of the consumer at random points, at least 20 times in one run.
 
-The kills rotate over four kinds. One comes after a random delay from the start
+The kills rotate over five kinds. One comes after a random delay from the start
 of a consumer process (start-up, mirror loading and warm start included); one
 comes at a random moment after the process committed its first batch
-(mid-stream: polling, planning, ranking, Redis calls); two are aimed at the n-th
-graph transaction or the n-th publication chunk of the process (n random): when
-MONITOR shows its lease check (``GET P lock`` after ``WATCH P lock``) or a write
-into its private score back buffer (a pipeline of them follows, then the fenced
-swap script), Redis is frozen (SIGSTOP), the consumer is SIGKILLed 0-20 ms later
-while it waits on Redis, and Redis is thawed. Whatever bytes of the MULTI/EXEC or
-of the chunk pipeline had reached Redis then run without their client.
+(mid-stream: polling, planning, ranking, Redis calls); three are aimed at the
+n-th step of a kind of the process (n random): when MONITOR shows its lease check
+(``GET P lock`` after ``WATCH P lock``), a write into its private score back
+buffer (a pipeline of them follows, then the fenced swap script), or the ``WATCH
+P lock`` that opens a fenced transaction, Redis is frozen (SIGSTOP), the consumer
+is SIGKILLed 0-20 ms later while it waits on Redis, and Redis is thawed. Whatever
+bytes of the MULTI/EXEC or of the chunk pipeline had reached Redis then run
+without their client. (Aiming at the lease check alone left the "aborted" class
+to a race: Redis answers the GET before the freeze lands, and a quick client has
+its EXEC in the socket by then. Frozen at the WATCH, the client still waits for
+its GET.)
 Every kill is classified from the MONITOR timeline (tests/faults/monitor.py), and
 the run goes on until the classes that matter were each hit: a graph transaction
 and a score publication both killed in flight, and a transaction aborted before
@@ -104,7 +108,7 @@ def test_sigkill_at_random_points(fault_stack: FaultStack, tmp_path: Path) -> No
                 started_wall = time.time()
                 proc = spawn()
                 spawned = time.monotonic()
-                mode = kills % 4
+                mode = kills % 5
                 if mode == 0:  # anywhere, start-up included
                     time.sleep(rng.uniform(0.2, 4.0))
                     moment = proc.kill()
@@ -113,11 +117,12 @@ def test_sigkill_at_random_points(fault_stack: FaultStack, tmp_path: Path) -> No
                         wait_for(probe.beyond(before), 20, "a first batch")
                     time.sleep(rng.uniform(0.0, 1.0))
                     moment = proc.kill()
-                else:  # aimed: at a graph transaction (2) or a publication's chunks (3)
+                else:  # aimed: at a lease check (2), a publication's chunks (3) or at
+                    # the WATCH that starts a fenced transaction (4: aborted before EXEC)
                     freeze = Freezer(fault_stack.redis)
+                    target = {2: "transaction", 3: "chunk", 4: "watch"}[mode]
                     fired = monitor.arm(started_wall, rng.randint(1, 6), freeze,
-                                        target="chunk" if mode == 3 else "transaction"
-                                        ).wait(20)
+                                        target=target).wait(20)
                     monitor.disarm()
                     if not fired:  # no such step within 20 s: a timed kill then
                         freeze()
