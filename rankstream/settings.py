@@ -58,7 +58,7 @@ class Settings(BaseSettings):
         1e-7, ge=0.0, description="write a page's score only if it moved by more than this"
     )
     publish_max_updates: int = Field(
-        20_000, ge=0,
+        10_000, ge=0,
         description="at most this many score updates per algorithm per publication, the "
         "largest moves first (new pages always); keeps publications short on a growing "
         "graph; the rest is in the published bound and written next; 0: no cap",
