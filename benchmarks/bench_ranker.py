@@ -220,7 +220,7 @@ def time_one_sweep(ranks: LiveRanks, algorithm: str) -> float:
         is_touched = np.zeros_like(engine.is_touched)
         qstate = np.zeros_like(engine.qstate)
         started = time.perf_counter()
-        K.sweep(engine.kind, DAMPING, 0.0, n, y, r, g.out_start, g.out_len, g.out_nbr,
+        K.sweep(engine.kind, DAMPING, 0.0, 1.0, n, y, r, g.out_start, g.out_len, g.out_nbr,
                 g.in_len, engine.si, engine.so, touched, qstate, is_touched)
         best = min(best, time.perf_counter() - started)
     return best

@@ -283,53 +283,18 @@ def clear_queue(queue, qstate, inq):
 
 
 @njit(cache=True)
-def sweep(kind, damping, eps, num_nodes, y, r, out_start, out_len, out_nbr, in_len, si, so,
-          touched, qstate, is_touched):
-    """One Gauss-Seidel (Southwell) sweep: push, in id order, every page with ``|r| > eps``.
-
-    Returns ``(pushes, work, sum |r|, max |r|)``, the last two computed exactly in
-    a second pass over ``r``.
+def sweep(kind, damping, eps, omega, num_nodes, y, r, out_start, out_len, out_nbr, in_len,
+          si, so, touched, qstate, is_touched):
+    """One (over-relaxed) Gauss-Seidel sweep: every page with ``|r[m]| > eps``, in id
+    order (sequential memory access), moves ``omega * r[m]`` into ``y[m]`` (and
+    ``d * M[n, m] * omega * r[m]`` into each ``r[n]``), leaving ``(1 - omega) * r[m]``:
+    the invariant ``r = b + d*M*y - y`` holds for any ``omega`` (1: plain sweeps).
+    Returns ``(pushes, work, sum |r|, max |r|)``, the last two computed exactly in a
+    second pass over ``r``.
     """
     pushes = 0
     work = 0
     for m in range(num_nodes):
-        mass = r[m]
-        if abs(mass) <= eps:
-            continue
-        y[m] += mass
-        r[m] = 0.0
-        pushes += 1
-        _touch(m, touched, qstate, is_touched)
-        scale, mode = _column_scale(kind, m, out_len, si, so)
-        if scale == 0.0:
-            continue
-        c = damping * mass * scale
-        base = out_start[m]
-        deg = out_len[m]
-        work += deg
-        for i in range(deg):
-            n = out_nbr[base + i]
-            r[n] += c * _edge_factor(mode, n, in_len, out_len)
-    total, peak = abs_stats(r, num_nodes)
-    return pushes, work, total, peak
-
-
-@njit(cache=True)
-def sweep_ordered(kind, damping, eps, omega, order, num_nodes, y, r, out_start, out_len,
-                  out_nbr, in_len, si, so, touched, qstate, is_touched):
-    """One over-relaxed Gauss-Seidel sweep visiting the pages in ``order``.
-
-    A visited page with ``|r[m]| > eps`` moves ``omega * r[m]`` into ``y[m]`` (and
-    ``d * M[n, m] * omega * r[m]`` into each ``r[n]``), leaving ``(1 - omega) * r[m]``:
-    the invariant ``r = b + d*M*y - y`` holds for any ``omega``. Visiting a page
-    after the pages that link to it lets a change travel down a whole chain of
-    links in one sweep (one sweep is exact on a DAG in topological order).
-    Returns ``(pushes, work, sum |r|, max |r|)`` over the first ``num_nodes`` pages.
-    """
-    pushes = 0
-    work = 0
-    for k in range(order.size):
-        m = order[k]
         mass = r[m]
         if abs(mass) <= eps:
             continue

@@ -130,7 +130,6 @@ class ResidualEngine:
         self._global_runs = 0
         self.last_rate = 0.0
         self.global_from = np.inf  # column-update work from which refreshes go global
-        self._order = np.zeros(0, dtype=np.int32)
         self._cap = 0
         self.y = np.zeros(0)
         self.r = np.zeros(0)
@@ -339,12 +338,6 @@ class ResidualEngine:
             return np.inf
         return rho * max(y_max, 1.0 - self.damping) / (1.0 - rho)
 
-    def _sweep_order(self, n: int) -> np.ndarray:
-        """Pages in id order (the order sweeps visit them; sequential memory access)."""
-        if self._order.size != n:
-            self._order = np.arange(n, dtype=np.int32)
-        return self._order
-
     def refresh(self, *, mode: str = "local") -> RefreshReport:
         """Push until the certified bounds hold; switch to global sweeps if not local."""
         start = time.perf_counter()
@@ -399,10 +392,9 @@ class ResidualEngine:
                 before = self.l1
                 if sweeps == 0:
                     global_start = before
-                p, w, l1, peak = K.sweep_ordered(self.kind, d, eps, omega,
-                                                 self._sweep_order(n), n, self.y, self.r,
-                                                 *self._arrays(), self.touched, self.qstate,
-                                                 self.is_touched)
+                p, w, l1, peak = K.sweep(self.kind, d, eps, omega, n, self.y, self.r,
+                                         *self._arrays(), self.touched, self.qstate,
+                                         self.is_touched)
                 if l1 > before:
                     # Over-relaxation is only guaranteed to converge for omega below
                     # 2 / (1 + d); plain Gauss-Seidel never raises ||r||_1.
