@@ -169,14 +169,7 @@ class LiveRanks:
             engine.absorb(cols[name], applied)
             if recompute:
                 engine.recompute_residual()
-            if tolerance is None:
-                reports[name] = engine.refresh()
-                continue
-            engine.tolerance = float(tolerance)
-            try:
-                reports[name] = engine.refresh()
-            finally:
-                engine.tolerance = self.tolerance
+            reports[name] = engine.refresh(tolerance=tolerance)
         return reports
 
     def _changing_links(self, batch: EdgeBatch) -> tuple[np.ndarray, np.ndarray]:

@@ -309,7 +309,8 @@ class ResidualEngine:
     def _max_error(self) -> float:
         return np.inf if self.max_error is None else self.max_error
 
-    def _thresholds(self, total: float, y_max: float, live_count: int) -> tuple[float, float]:
+    def _thresholds(self, total: float, y_max: float, live_count: int, tolerance: float
+                    ) -> tuple[float, float]:
         """(allowed ||r||_1, push threshold on |r[m]|) for the current sum and max of y.
 
         The threshold adapts between refreshes (:attr:`eps_scale`): pushing only
@@ -319,7 +320,7 @@ class ResidualEngine:
         that :meth:`_max_abs_bound` is at most ``max_error``.
         """
         d = self.damping
-        target = self.tolerance * (1.0 - d) * total
+        target = tolerance * (1.0 - d) * total
         floor = target / live_count
         eps = min(max(floor * self.eps_scale, floor), target)
         if self.max_error is not None:
@@ -338,8 +339,13 @@ class ResidualEngine:
             return np.inf
         return rho * max(y_max, 1.0 - self.damping) / (1.0 - rho)
 
-    def refresh(self, *, mode: str = "local") -> RefreshReport:
-        """Push until the certified bounds hold; switch to global sweeps if not local."""
+    def refresh(self, *, mode: str = "local", tolerance: float | None = None) -> RefreshReport:
+        """Push until the certified bounds hold; switch to global sweeps if not local.
+
+        ``tolerance`` overrides :attr:`tolerance` for this refresh (and the report's
+        ``fresh`` refers to it).
+        """
+        tol = self.tolerance if tolerance is None else float(tolerance)
         start = time.perf_counter()
         g = self.graph
         n = g.num_ids
@@ -366,7 +372,7 @@ class ResidualEngine:
             K.clear_queue(self.queue, self.qstate, self.inq)
             self.global_from *= 1.06
         if self.rescan:
-            K.enqueue_above(n, self._thresholds(total, y_max, live_count)[1], self.r,
+            K.enqueue_above(n, self._thresholds(total, y_max, live_count, tol)[1], self.r,
                             self.queue, self.qstate, self.inq)
             self.rescan = False
         lowered = False
@@ -376,7 +382,7 @@ class ResidualEngine:
         omega = self.omega if self._relax and not probe else 1.0
         global_start = 0.0
         while True:
-            target, eps = self._thresholds(total, y_max, live_count)
+            target, eps = self._thresholds(total, y_max, live_count, tol)
             if mode == "local":
                 p, w, self.l1 = K.push_queue(self.kind, d, eps, budget - work, -1.0, self.l1,
                                              self.y, self.r, *self._arrays(), self.queue,
@@ -404,7 +410,7 @@ class ResidualEngine:
                 sweeps += 1
             self.l1 = l1
             total, y_max = K.sum_max(self.y, n)
-            target, eps = self._thresholds(total, y_max, live_count)
+            target, eps = self._thresholds(total, y_max, live_count, tol)
             if l1 <= target and self._max_abs_bound(peak, y_max) <= self._max_error():
                 break
             if mode == "global" and sweeps >= self.max_sweeps:
@@ -415,7 +421,7 @@ class ResidualEngine:
                 finer = min(eps / 4.0, peak / 2.0)  # below the peak, so something moves
                 self.eps_scale = max(finer / floor, 1.0) if floor > 0 else 1.0
                 lowered = True
-                target, eps = self._thresholds(total, y_max, live_count)
+                target, eps = self._thresholds(total, y_max, live_count, tol)
             if mode == "local" and K.enqueue_above(n, eps, self.r, self.queue, self.qstate,
                                                    self.inq) == 0:
                 break  # only rounding noise is left; reported as not fresh
@@ -435,7 +441,7 @@ class ResidualEngine:
         self.bound = l1 / (1.0 - d)
         max_abs = min(self._max_abs_bound(peak, y_max), self.bound)
         relative = self.bound / total if total > 0 else (0.0 if l1 == 0 else np.inf)
-        fresh = relative <= self.tolerance and max_abs <= self._max_error()
+        fresh = relative <= tol and max_abs <= self._max_error()
         return RefreshReport(
             algorithm=self.algorithm, fresh=bool(fresh), bound=self.bound, total=total,
             moved_ids=moved, moved_scores=self.y[moved].copy(), mode=mode, pushes=int(pushes),

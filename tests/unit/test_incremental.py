@@ -250,3 +250,19 @@ def test_bad_arguments_are_input_errors() -> None:
         ranks.scores("wpr")
     with pytest.raises(InputError):
         ranks.apply(EdgeBatch(insert_src=np.array([0]), insert_dst=np.array([1])))
+
+
+def test_a_per_call_tolerance_applies_to_that_refresh_only() -> None:
+    graph = copying_model_graph(2000, 8.0, seed=41).to_linkgraph()
+    ranks = LiveRanks(graph, tolerance=1e-9)
+    ranks.cold_start()
+    rng = np.random.default_rng(42)
+    loose = ranks.apply(random_edit_batch(graph, 200, rng), tolerance=1e-3)
+    for report in loose.values():
+        assert report.fresh and report.relative_bound <= 1e-3
+    assert all(engine.tolerance == 1e-9 for engine in ranks.engines.values())
+    tight = ranks.apply(EdgeBatch())
+    for report in tight.values():
+        assert report.fresh and report.relative_bound <= 1e-9
+    with pytest.raises(InputError):
+        ranks.apply(EdgeBatch(), tolerance=0.0)
