@@ -81,6 +81,11 @@ def evolve(rng: np.random.Generator, ranks: FakeRanks, step: int) -> None:
         ranks.y[algorithm] = y
 
 
+def exact_reports(ranks: FakeRanks) -> dict[str, Report]:
+    """Engine reports of an exact ``y`` (engine bound 0) for every algorithm."""
+    return {a: Report(bound=0.0, total=float(ranks.y[a].sum())) for a in ALGORITHMS}
+
+
 def check(client: redis_py.Redis, keys: Keys, ranks: FakeRanks, reports: dict[str, Report]
           ) -> None:
     graph = ranks.graph
@@ -137,7 +142,7 @@ def test_the_swap_runs_at_most_once(isolated, client):
     publisher.reset()
     for step in range(4):
         evolve(rng, ranks, step)
-        reports = {a: Report(bound=0.0, total=float(ranks.y[a].sum())) for a in ALGORITHMS}
+        reports = exact_reports(ranks)
         publication = publisher.prepare(ranks, reports, version=step, offsets={})
         publisher.send_chunks(publication)
         assert publisher.send_swap(publication)
@@ -160,7 +165,7 @@ def test_score_keys_changed_behind_our_back_lead_to_a_full_replacement(isolated,
     publisher.reset()
     for step in range(6):
         evolve(rng, ranks, step)
-        reports = {a: Report(bound=0.0, total=float(ranks.y[a].sum())) for a in ALGORITHMS}
+        reports = exact_reports(ranks)
         if step == 3:
             # A key deleted, or a back buffer that expired and was recreated by a chunk.
             if victim == "live":
@@ -188,11 +193,11 @@ def test_the_swap_is_fenced_and_a_stale_consumer_cannot_publish(isolated, client
     stale.reset()
     for step in range(2):
         evolve(rng, ranks, step)
-        reports = {a: Report(bound=0.0, total=float(ranks.y[a].sum())) for a in ALGORITHMS}
+        reports = exact_reports(ranks)
         assert stale.send(stale.prepare(ranks, reports, version=step, offsets={}), fence=lock)
     before = {a: zset(client, keys.scores(a)) for a in ALGORITHMS}
     evolve(rng, ranks, 2)
-    reports = {a: Report(bound=0.0, total=float(ranks.y[a].sum())) for a in ALGORITHMS}
+    reports = exact_reports(ranks)
     publication = stale.prepare(ranks, reports, version=2, offsets={})
     client.set(keys.lock, b"someone else")
     with pytest.raises(LockLost):
@@ -215,7 +220,7 @@ def test_a_restarted_publisher_adopts_the_live_zset_and_then_writes_only_moves(
                            owner="a")
     for step in range(3):
         evolve(rng, ranks, step)
-        reports = {a: Report(0.0, float(ranks.y[a].sum())) for a in ALGORITHMS}
+        reports = exact_reports(ranks)
         assert first.send(first.prepare(ranks, reports, version=step, offsets={}))
     graph = ranks.graph
     ids = {url: i for i, url in enumerate(graph.urls)}
@@ -230,7 +235,7 @@ def test_a_restarted_publisher_adopts_the_live_zset_and_then_writes_only_moves(
         for algorithm in ALGORITHMS:
             ranks.y[algorithm] = np.where(changed & graph.live, ranks.y[algorithm] + 0.5,
                                           ranks.y[algorithm])
-        reports = {a: Report(0.0, float(ranks.y[a].sum())) for a in ALGORITHMS}
+        reports = exact_reports(ranks)
         publication = second.prepare(ranks, reports, version=step, offsets={})
         assert second.send(publication)
         sizes.append(publication.members)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ranker.synthetic import (
+    SyntheticGraph,
     copying_model_graph,
     page_url,
     random_edit_batch,
@@ -21,8 +22,8 @@ def test_same_seed_same_graph_other_seed_other_graph() -> None:
     assert not (a.src.size == c.src.size and np.array_equal(a.dst, c.dst))
 
 
-def test_web_like_shape() -> None:
-    g = copying_model_graph(20_000, 10.0, seed=1)
+def check_links_and_frontier(g: SyntheticGraph) -> tuple[np.ndarray, np.ndarray]:
+    """No self or duplicate links, a fifth of the pages uncrawled; (out, in) degrees."""
     assert g.src.dtype == np.int32 and g.dst.dtype == np.int32
     assert (g.src != g.dst).all()
     keys = (g.src.astype(np.int64) << 32) | g.dst
@@ -31,6 +32,12 @@ def test_web_like_shape() -> None:
     in_degree = np.bincount(g.dst, minlength=g.num_pages)
     # About a fifth of the pages are the uncrawled frontier: no out-links.
     assert 0.17 < (out_degree == 0).mean() < 0.23
+    return out_degree, in_degree
+
+
+def test_web_like_shape() -> None:
+    g = copying_model_graph(20_000, 10.0, seed=1)
+    _, in_degree = check_links_and_frontier(g)
     assert 7.0 < g.num_links / g.num_pages < 9.5
     # Heavy-tailed in-degrees: hubs far above the mean, a straight-ish log-log tail.
     assert in_degree.max() > 50 * in_degree.mean()
@@ -73,12 +80,7 @@ def test_sample_links_returns_present_distinct_links() -> None:
 
 def test_acyclic_option_is_kumar_original_model_a_dag() -> None:
     g = copying_model_graph(20_000, 10.0, seed=1, acyclic=True)
-    assert (g.src != g.dst).all()
-    keys = (g.src.astype(np.int64) << 32) | g.dst
-    assert np.unique(keys).size == keys.size
-    out_degree = np.bincount(g.src, minlength=g.num_pages)
-    in_degree = np.bincount(g.dst, minlength=g.num_pages)
-    assert 0.17 < (out_degree == 0).mean() < 0.23
+    out_degree, in_degree = check_links_and_frontier(g)
     assert in_degree.max() > 50 * in_degree.mean()
     # A DAG: Kahn's algorithm removes every page.
     indeg = in_degree.copy()
