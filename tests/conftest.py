@@ -3,11 +3,14 @@
 ``tests/integration`` and ``tests/faults`` turn :func:`services` on for all their
 tests with an autouse fixture in their own conftest; unit tests never touch it.
 There is no opt-in flag: CI runs everything, and the services start on demand.
+The tests under ``tests/integration``, ``tests/faults`` and ``tests/soak`` carry the
+marker named after their directory (for ``-m``), set by one hook here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,20 @@ from rankstream.services import up
 from rankstream.services.testing import Isolated
 from rankstream.services.testing import isolated as isolate
 from rankstream.settings import Settings, load_settings
+
+_TESTS = Path(__file__).parent
+# The tests under each of these directories carry the marker of the same name.
+MARKED_DIRECTORIES = ("integration", "faults", "soak")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            top = Path(item.path).relative_to(_TESTS).parts[0]
+        except ValueError:  # not under tests/
+            continue
+        if top in MARKED_DIRECTORIES:
+            item.add_marker(getattr(pytest.mark, top))
 
 
 @pytest.fixture(scope="session")

@@ -9,15 +9,12 @@ broker of their own, so nothing else in the session notices.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from rankstream.settings import Settings
 from tests.faults.stack import FaultStack, start_stack, stop_stack
 from tests.faults.summary import SUMMARY, summary_lines
-
-_HERE = Path(__file__).parent
 
 
 @pytest.fixture(autouse=True)
@@ -34,13 +31,6 @@ def fault_stack(services: Settings, tmp_path_factory: pytest.TempPathFactory
         yield stack
     finally:
         stop_stack(stack)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Conftest hooks see the whole session's items; mark only the ones under this dir.
-    for item in items:
-        if _HERE in Path(item.path).parents:
-            item.add_marker(pytest.mark.faults)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,

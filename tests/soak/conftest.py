@@ -7,21 +7,11 @@ of the default suite (CI): it is skipped unless ``RANKSTREAM_SOAK_SECONDS`` is s
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from rankstream.settings import Settings
-
-_HERE = Path(__file__).parent
 
 
 @pytest.fixture(autouse=True)
 def _services_running(services: Settings) -> None:
     """Bring the shared services up (once per session) before a soak run."""
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if _HERE in Path(item.path).parents:
-            item.add_marker(pytest.mark.soak)
