@@ -217,9 +217,10 @@ class ConsumerLock:
         with self._mutex:
             yield
 
-    def check_in(self, pipe: Any) -> None:
-        """WATCH the lease on ``pipe`` and raise :class:`LockLost` unless it is ours."""
-        pipe.watch(self.key)
+    def check_in(self, pipe: Any, *also_watch: str) -> None:
+        """WATCH the lease (and ``also_watch``) on ``pipe``; raise :class:`LockLost`
+        unless the lease is ours."""
+        pipe.watch(*also_watch, self.key)
         if pipe.get(self.key) != self.value:
             self.lost.set()
             raise LockLost(f"lost the consumer lock {self.key}")

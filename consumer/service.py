@@ -588,8 +588,7 @@ class ConsumerService:
 
     def _heartbeat(self, *, force: bool = False) -> None:
         now = time.monotonic()
-        # A fenced consumer must not overwrite the live one's status on its way out.
-        if not self._holding or self.lock.lost.is_set():
+        if not self._holding:
             return
         if not force and now - self._last_status < self.options.status_interval_s:
             return
@@ -603,8 +602,16 @@ class ConsumerService:
             version=counters.version if counters else 0,
             stale_ignored=counters.stale_ignored if counters else 0,
             dlq_total=counters.dlq if counters else 0)
+        # Fenced like every other shared write: a consumer that lost its lease (and may
+        # not know yet) must not overwrite the live one's status.
         try:
-            self.redis.hset(self.keys.status, mapping=fields)  # type: ignore[arg-type]
+            with self.lock.fenced(), self.redis.pipeline(transaction=True) as pipe:
+                self.lock.check_in(pipe, self.keys.status)
+                pipe.multi()
+                pipe.hset(self.keys.status, mapping=fields)  # type: ignore[arg-type]
+                pipe.execute()
+        except (LockLost, redis.WatchError):
+            return  # P status belongs to the lease holder
         except redis.RedisError as exc:
             log.warning("status write failed", extra={"fields": {"error": str(exc)[:300]}})
 

@@ -68,6 +68,7 @@ class RedisMonitor:
         self.commands: list[Command] = []
         self._trigger: tuple[float, int, bool, Callable[[], None], threading.Event] | None = None
         self._checks: list[tuple[float, str]] = []  # aimable steps: (time, kind, see arm())
+        self._heartbeats: set[str] = set()  # connections inside a status heartbeat
         self._cond = threading.Condition()
         self._sock = socket.create_connection((host, port), timeout=10)
         self._sock.sendall(b"MONITOR\r\n")
@@ -113,9 +114,18 @@ class RedisMonitor:
         watch = client != LUA and command.name == b"WATCH" and self.lock_key in args
         if client == LUA and not check:
             return
+        if watch:
+            # The status heartbeat is fenced too (WATCH P status P lock); it is not
+            # a step worth aiming at, so its WATCH and lease check are set apart.
+            if self._is_heartbeat_watch(command):
+                self._heartbeats.add(client)
+            else:
+                self._heartbeats.discard(client)
         with self._cond:
             self.commands.append(command)
-            if check:
+            if client in self._heartbeats and (check or watch):
+                self._checks.append((command.at, "heartbeat"))
+            elif check:
                 self._checks.append((command.at, "script" if client == LUA else "transaction"))
             elif chunk:
                 self._checks.append((command.at, "chunk"))
@@ -177,6 +187,9 @@ class RedisMonitor:
                 and command.args[1].startswith(self.prefix + b"scores:")
                 and b":next" in command.args[1])
 
+    def _is_heartbeat_watch(self, command: Command) -> bool:
+        return command.name == b"WATCH" and self.prefix + b"status" in command.args
+
     # -- classification -------------------------------------------------------------
     def _kind(self, unit: list[Command]) -> str:
         words = b" ".join(a for c in unit for a in c.args[1:])
@@ -207,14 +220,17 @@ class RedisMonitor:
                 units.append([c])
         return units
 
-    @staticmethod
-    def _open_transaction(ours: list[Command]) -> bool:
+    def _open_transaction(self, ours: list[Command]) -> bool:
         """A connection WATCHed (before or after the kill moment: its WATCH may have
-        run only after the thaw) and never reached its EXEC: the client died inside."""
+        run only after the thaw) and never reached its EXEC: the client died inside.
+        A status heartbeat left open does not count."""
         last_watch: dict[str, int] = {}
         for i, c in enumerate(ours):
             if c.name == b"WATCH":
-                last_watch[c.client] = i
+                if self._is_heartbeat_watch(c):
+                    last_watch.pop(c.client, None)
+                else:
+                    last_watch[c.client] = i
         return any(not any(c.client == client and c.name == b"EXEC" for c in ours[i + 1:])
                    for client, i in last_watch.items())
 
