@@ -83,6 +83,14 @@ def redis_conf(server: RedisServer) -> str:
         f"dir {server.data_dir}",
         "appendonly yes",
         "appendfsync everysec",
+        # Every score publication rewrites ZSET members, so the AOF grows ~10-20 MB/s
+        # under a 50k links/s stream while the dataset is a few hundred MB. With the
+        # default triggers (64 MB, +100%) Redis forked an AOF rewrite every 15-20 s,
+        # and on 2 shared cores each one stalled graph writes and publications for
+        # 1-4 s (measured: the whole p99 freshness tail of bench_pipeline). Rewrites
+        # now wait until the AOF is 1 GB and 5x its size after the last one.
+        "auto-aof-rewrite-min-size 1gb",
+        "auto-aof-rewrite-percentage 400",
         # AOF is the durability story; periodic RDB forks would only compete for
         # the two cores during benchmarks.
         'save ""',

@@ -80,6 +80,11 @@ def test_redis_set_get_with_append_only_file(services: Settings, isolated: Isola
             pytest.skip("Redis is the user's own instance: its persistence is theirs to choose")
         assert client.config_get("appendonly") == {"appendonly": "yes"}
         assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
+        # Raised AOF rewrite triggers (rankstream/services/redis.py says why).
+        assert client.config_get("auto-aof-rewrite-percentage") == {
+            "auto-aof-rewrite-percentage": "400"}
+        assert client.config_get("auto-aof-rewrite-min-size") == {
+            "auto-aof-rewrite-min-size": str(1 << 30)}
     finally:
         client.close()
 
