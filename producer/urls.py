@@ -141,6 +141,8 @@ def _canonicalize(url: str) -> str:
     scheme = url[: match.end() - 1].lower()
     rest = url[match.end() :]
     rest = rest.partition("#")[0]
+    if rest[-1:].isspace():  # "http://h/ #top": what is left must not end in a space either
+        raise UrlError("leading or trailing whitespace")
 
     if not rest.startswith("//"):
         # No authority (mailto:, urn:, file:/x). http(s) always has one.

@@ -83,6 +83,8 @@ def test_very_long_query_round_trips() -> None:
         ("http://example.org/\x7f", "control character"),
         (" http://example.org/", "leading or trailing whitespace"),
         ("http://example.org/ ", "leading or trailing whitespace"),
+        # found by hypothesis: dropping the fragment must not leave a trailing space
+        ("http://example.org/ #top", "leading or trailing whitespace"),
         ("http://example.org/\ud800", "lone surrogate"),
     ],
 )
