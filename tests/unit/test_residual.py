@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from ranker import _kernels as K
+from ranker import residual
 from ranker.incremental import LiveRanks
 from ranker.linkgraph import EdgeBatch
 from ranker.pagerank import pagerank
@@ -101,3 +102,26 @@ def test_plain_sweeps_decide_relaxation_and_similar_batches_go_global_at_once() 
     assert engine.global_from > bar  # went global without burning the push budget
     small = ranks.apply(random_edit_batch(graph, 2, rng))["pagerank"]
     assert small.fresh
+
+
+def test_wpr_full_recompute_absorb_matches_the_column_re_weigh(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Large WPR batches are absorbed by recomputing SI, SO and r (FULL_RESIDUAL_SHARE);
+    # both ways must leave the same state, and so the same refreshed scores.
+    states = []
+    for share in (0.0, np.inf):
+        monkeypatch.setattr(residual, "FULL_RESIDUAL_SHARE", share)
+        graph = copying_model_graph(2000, 8.0, seed=33).to_linkgraph()
+        ranks = LiveRanks(graph, algorithms=("wpr",), tolerance=1e-10,
+                          recompute_every=10_000)
+        ranks.cold_start()
+        rng = np.random.default_rng(34)
+        for size in (10, 300, 3000):
+            ranks.apply(random_edit_batch(graph, size, rng))
+        engine = ranks.engines["wpr"]
+        n = graph.num_ids
+        assert engine.recompute_residual() <= 1e-12
+        states.append((engine.si[:n].copy(), engine.so[:n].copy(), ranks.scores("wpr").copy()))
+    (si_a, so_a, y_a), (si_b, so_b, y_b) = states
+    assert np.array_equal(si_a, si_b) and np.array_equal(so_a, so_b)
+    assert np.abs(y_a - y_b).sum() <= 2e-10 * y_a.sum()
