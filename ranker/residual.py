@@ -38,7 +38,10 @@ WPR batches touch many columns (``{u} + B(u) + B(v)``, and B of a hub is huge), 
 only the changed sources get new out-rows: the other columns keep their targets
 and only change weight, so they are re-weighed in one pass after the change
 (:func:`ranker._kernels.wpr_reweigh_columns`) instead of a retract and an absorb
-pass plus a re-summation of ``SI``/``SO``.
+pass plus a re-summation of ``SI``/``SO``. When those columns hold more than
+``FULL_RESIDUAL_SHARE`` of all links (a growing graph whose new links go to hubs),
+``SI``, ``SO`` and ``r`` are recomputed in one in-order pass instead, which costs
+less than re-weighing that many columns one by one.
 """
 
 from __future__ import annotations
