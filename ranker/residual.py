@@ -247,7 +247,7 @@ class ResidualEngine:
             self.l1 += float(np.abs(self.r[pages]).sum() - np.abs(old_r).sum())
             K.enqueue_pages(pages, self.queue, self.qstate, self.inq)
         plan, self._plan = self._plan, None
-        reweigh = int(self.graph.out_len[cols].sum()) if self.kind == K.KIND_WPR else 0
+        reweigh = int(g.out_len[cols].sum()) if self.kind == K.KIND_WPR else 0
         if plan is not None and reweigh > FULL_RESIDUAL_SHARE * g.num_links:
             # Growing graphs send many links to hubs, and each re-weighs every
             # in-neighbour of the hub: on a 1M-page graph a batch of 50k new links
