@@ -323,13 +323,17 @@ class ScorePublisher:
 
         If we know what the live ZSET holds it becomes the next back buffer (with
         the back buffer's TTL); otherwise it is dropped (UNLINK frees it off the
-        main thread) and the next publication starts the back buffer from empty.
+        main thread) and the new live ZSET is copied into the back buffer inside
+        Redis (COPY), so the next publication writes only what moved instead of
+        every member again (on a 1.4M-page graph that second full write was 2.8M
+        members and 50 s of a loaded Redis).
         """
         back_exists = back.members() > 0
         if not self._live_known.get(algorithm, False):
             cmds: list[Command] = [("UNLINK", key)]
             if back_exists:
-                cmds += [("RENAME", back_key, key), ("PERSIST", key)]
+                cmds += [("RENAME", back_key, key), ("PERSIST", key), ("COPY", key, back_key),
+                         ("PEXPIRE", back_key, BACK_TTL_MS)]
             return cmds
         live_exists = self._live.get(algorithm, ZsetRecord()).members() > 0
         spare = f"{back_key}:swap"
@@ -349,8 +353,9 @@ class ScorePublisher:
             if swapped:
                 self._back[algorithm] = self._live[algorithm]
             else:
-                # The unknown live ZSET was dropped: the back buffer starts empty.
-                self._back[algorithm] = ZsetRecord()
+                # The unknown live ZSET was dropped; the back buffer is a COPY of the
+                # new live one (empty if that is empty).
+                self._back[algorithm] = ZsetRecord(back.values.copy(), back.present.copy())
             self._live[algorithm] = back
             self._live_known[algorithm] = True
 
