@@ -247,27 +247,26 @@ class ResidualEngine:
             self.l1 += float(np.abs(self.r[pages]).sum() - np.abs(old_r).sum())
             K.enqueue_pages(pages, self.queue, self.qstate, self.inq)
         plan, self._plan = self._plan, None
-        reweigh = int(g.out_len[cols].sum()) if self.kind == K.KIND_WPR else 0
-        if plan is not None and reweigh > FULL_RESIDUAL_SHARE * g.num_links:
-            # Growing graphs send many links to hubs, and each re-weighs every
-            # in-neighbour of the hub: on a 1M-page graph a batch of 50k new links
-            # re-weighed 614k columns (6.4M link visits) in 0.55 s.
+        if self.kind == K.KIND_WPR and plan is not None and plan[2] is cols:
             sources, changed, _ = plan
-            self.is_source[sources] = False
-            self.has_prev[changed] = False
-            self.recompute_residual()
-            self.pending_work += reweigh
-        elif self.kind == K.KIND_WPR and plan is not None and plan[2] is cols:
-            sources, changed, _ = plan
-            K.update_sums(sources, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si,
-                          self.so)
-            self._add_columns(sources, 1.0)
-            work, dl1 = K.wpr_reweigh_columns(
-                cols, self.is_source, changed, self.prev_in, self.prev_out, self.has_prev,
-                self.damping, self.y, self.r, g.out_start, g.out_len, g.out_nbr, g.in_start,
-                g.in_len, g.in_nbr, self.si, self.so, self.queue, self.qstate, self.inq)
-            self.pending_work += work
-            self.l1 += dl1
+            reweigh = int(g.out_len[cols].sum())
+            if reweigh > FULL_RESIDUAL_SHARE * g.num_links:
+                # Growing graphs send many links to hubs, and each re-weighs every
+                # in-neighbour of the hub: on a 1M-page graph a batch of 50k new links
+                # re-weighed 614k columns (6.4M link visits) in 0.55 s.
+                self.recompute_residual()
+                self.pending_work += reweigh
+            else:
+                K.update_sums(sources, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si,
+                              self.so)
+                self._add_columns(sources, 1.0)
+                work, dl1 = K.wpr_reweigh_columns(
+                    cols, self.is_source, changed, self.prev_in, self.prev_out,
+                    self.has_prev, self.damping, self.y, self.r, g.out_start, g.out_len,
+                    g.out_nbr, g.in_start, g.in_len, g.in_nbr, self.si, self.so, self.queue,
+                    self.qstate, self.inq)
+                self.pending_work += work
+                self.l1 += dl1
             self.is_source[sources] = False
             self.has_prev[changed] = False
         else:
