@@ -14,11 +14,12 @@ Exactly-once rests on two facts:
 
 The adjacency is the bulk of the bytes: with random link targets nearly every
 link is its own ``SADD P in:{dst}``, and encoding 100k small commands costs the
-Python client more than Redis needs to run them. So by default the adjacency is
-written by one server-side script per batch (:data:`ADJACENCY_SCRIPT`, sent with
-EVAL inside the MULTI) that reads the ids as packed int32 arrays; grouping by key
-is done with numpy. ``bulk=False`` sends plain grouped SADD/SREM commands instead
-(for deployments whose ACL forbids scripting), with the same effect.
+Python client more than Redis needs to run them. So the adjacency is grouped by key
+with numpy, encoded as RESP by a compiled loop (:func:`consumer.resp.set_commands`)
+and the whole transaction is sent raw (:func:`consumer.resp.transaction`); why not
+a server-side script is measured in :mod:`consumer.resp`. ``bulk=False`` only
+changes the id maps of new pages: plain ``HSET`` instead of one ``EVAL`` (for
+deployments whose ACL forbids scripting).
 """
 
 from __future__ import annotations
@@ -32,47 +33,12 @@ import numpy as np
 import redis
 
 from consumer.keys import Keys
-from rankstream.errors import ServiceError
+from consumer.resp import command, pooled_connection, set_commands, transaction
 
 HSET_CHUNK = 1000  # field/value pairs per HSET
-MEMBER_CHUNK = 4000  # members per SADD/SREM (Lua's unpack() stack allows ~8000)
+MEMBER_CHUNK = 4000  # members per SADD/SREM: no single command holds Redis long
 
 _EMPTY = np.zeros(0, dtype=np.int32)
-
-# ARGV: prefix, then for each of (SREM out, SREM in, SADD out, SADD in): owners,
-# counts, members as little-endian int32 arrays; members grouped by owner in order.
-# Returns the number of members actually removed/added per section. Keys are built
-# from the prefix inside the script (no KEYS list): fine on a single Redis, and an
-# ACL user's key patterns are still checked on every redis.call.
-ADJACENCY_SCRIPT = r"""
-local prefix = ARGV[1]
-local formats = {}
-local function grouped(cmd, kind, owners, counts, members)
-  local total = 0
-  local pos = 1
-  for g = 1, #owners / 4 do
-    local owner = struct.unpack('<i4', owners, 4 * g - 3)
-    local count = struct.unpack('<i4', counts, 4 * g - 3)
-    local fmt = formats[count]
-    if not fmt then
-      fmt = '<' .. string.rep('i4', count)
-      formats[count] = fmt
-    end
-    local values = {struct.unpack(fmt, members, pos)}
-    pos = values[count + 1]
-    values[count + 1] = nil
-    total = total + redis.call(cmd, prefix .. kind .. owner, unpack(values))
-  end
-  return total
-end
-return {
-  grouped('SREM', 'out:', ARGV[2], ARGV[3], ARGV[4]),
-  grouped('SREM', 'in:', ARGV[5], ARGV[6], ARGV[7]),
-  grouped('SADD', 'out:', ARGV[8], ARGV[9], ARGV[10]),
-  grouped('SADD', 'in:', ARGV[11], ARGV[12], ARGV[13]),
-}
-"""
-
 
 # ARGV: the page:id key, the page:url key, ids (int32 LE), URLs joined by "\n" (canonical
 # URLs never contain control characters). HSETs both maps in chunks.
@@ -282,15 +248,19 @@ def adjacency_commands(keys: Keys, write: GraphWrite) -> list[Command]:
     ]
 
 
-def adjacency_script_args(keys: Keys, write: GraphWrite) -> list[bytes | str]:
-    """ARGV of :data:`ADJACENCY_SCRIPT` for ``write``."""
-    args: list[bytes | str] = [keys.prefix]
-    for owners, members in ((write.delete_src, write.delete_dst),
-                            (write.delete_dst, write.delete_src),
-                            (write.insert_src, write.insert_dst),
-                            (write.insert_dst, write.insert_src)):
-        args.extend(part.astype("<i4").tobytes() for part in group_members(owners, members))
-    return args
+def adjacency_payload(keys: Keys, write: GraphWrite) -> tuple[list[bytes], int]:
+    """:func:`adjacency_commands` as RESP bytes, and how many commands they are."""
+    payload: list[bytes] = []
+    commands = 0
+    for verb, head, owners, members in (("SREM", keys.out_head, write.delete_src, write.delete_dst),
+                                        ("SREM", keys.in_head, write.delete_dst, write.delete_src),
+                                        ("SADD", keys.out_head, write.insert_src, write.insert_dst),
+                                        ("SADD", keys.in_head, write.insert_dst, write.insert_src)):
+        group_owner, counts, ordered = group_members(owners, members)
+        if group_owner.size:
+            payload.append(set_commands(verb, head, group_owner, counts, ordered))
+            commands += int(group_owner.size)
+    return payload, commands
 
 
 def new_pages_commands(keys: Keys, new_pages: Sequence[tuple[int, str]], *,
@@ -328,16 +298,7 @@ def bookkeeping_commands(keys: Keys, write: GraphWrite, *, bulk: bool = False
     return cmds
 
 
-def graph_commands(keys: Keys, write: GraphWrite) -> list[Command]:
-    """The whole transaction body in plain commands (adjacency first, offsets last)."""
-    return [*adjacency_commands(keys, write), *bookkeeping_commands(keys, write)]
-
-
 # -- execution -----------------------------------------------------------------------
-
-class TransactionFailed(ServiceError):
-    """EXEC ran but a command inside it failed: a bug or foreign keys, never retried."""
-
 
 def commit_graph(client: redis.Redis, keys: Keys, write: GraphWrite, *,
                  fence: Any | None = None, bulk: bool = True) -> int:
@@ -346,32 +307,21 @@ def commit_graph(client: redis.Redis, keys: Keys, write: GraphWrite, *,
     ``fence`` is a :class:`consumer.lock.ConsumerLock`: the lease is WATCHed and
     checked before MULTI, so EXEC aborts (``redis.WatchError``) if it changed.
     Connection errors propagate untranslated (the caller retries the identical
-    write); an error reply inside EXEC raises :class:`TransactionFailed`.
+    write); an error reply raises :class:`consumer.resp.TransactionFailed`.
     """
-    from consumer.text_index import index_text
+    from consumer.text_index import postings_commands
 
+    payload, count = adjacency_payload(keys, write)
+    others = bookkeeping_commands(keys, write, bulk=bulk)
+    if write.titles or write.anchors:
+        others = postings_commands(keys.prefix, write.titles, write.anchors) + others
+    payload.extend(command(*cmd) for cmd in others)
+    count += len(others)
     with contextlib.ExitStack() as stack:
         if fence is not None:
             stack.enter_context(fence.fenced())
-        pipe = stack.enter_context(client.pipeline(transaction=True))
+        conn = stack.enter_context(pooled_connection(client))
         if fence is not None:
-            fence.check_in(pipe)
-            pipe.multi()
-        count = 0
-        if bulk and write.link_changes:
-            pipe.execute_command("EVAL", ADJACENCY_SCRIPT, 0, *adjacency_script_args(keys, write))
-            count += 1
-        else:
-            for cmd in adjacency_commands(keys, write):
-                pipe.execute_command(*cmd)
-                count += 1
-        if write.titles or write.anchors:
-            count += index_text(pipe, keys.prefix, write.titles, write.anchors)
-        for cmd in bookkeeping_commands(keys, write, bulk=bulk):
-            pipe.execute_command(*cmd)
-            count += 1
-        replies = pipe.execute(raise_on_error=False)
-    failures = [r for r in replies if isinstance(r, Exception)]
-    if failures:
-        raise TransactionFailed(f"graph transaction partly failed in Redis: {failures[0]}")
+            fence.check_on(conn)
+        transaction(conn, payload, count)
     return count

@@ -42,13 +42,23 @@ class Keys:
         """SET of ids of removed pages (ids are never reused; a later event revives)."""
         return f"{self.prefix}page:removed"
 
+    @property
+    def out_head(self) -> str:
+        """``out_links(id)`` is this followed by the decimal id."""
+        return f"{self.prefix}out:"
+
+    @property
+    def in_head(self) -> str:
+        """``in_links(id)`` is this followed by the decimal id."""
+        return f"{self.prefix}in:"
+
     def out_links(self, page_id: int) -> str:
         """SET of ids that ``page_id`` links to."""
-        return f"{self.prefix}out:{page_id}"
+        return f"{self.out_head}{page_id}"
 
     def in_links(self, page_id: int) -> str:
         """SET of ids linking to ``page_id``."""
-        return f"{self.prefix}in:{page_id}"
+        return f"{self.in_head}{page_id}"
 
     @property
     def offsets(self) -> str:

@@ -225,6 +225,15 @@ class ConsumerLock:
             self.lost.set()
             raise LockLost(f"lost the consumer lock {self.key}")
 
+    def check_on(self, conn: Any) -> None:
+        """:meth:`check_in` on a raw redis-py ``Connection`` (see :mod:`consumer.resp`)."""
+        conn.send_command("WATCH", self.key)
+        conn.read_response()
+        conn.send_command("GET", self.key)
+        if conn.read_response() != self.value:
+            self.lost.set()
+            raise LockLost(f"lost the consumer lock {self.key}")
+
     def reacquire(self) -> bool:
         """After a loss: take the lease again if it is free. False if another holds it."""
         try:

@@ -71,15 +71,9 @@ import redis
 
 from consumer.keys import Keys
 from consumer.lock import LockLost
+from consumer.resp import command, send_commands
 from consumer.score_plan import ZsetRecord, plan_writes
-from consumer.score_wire import (
-    UrlSlice,
-    UrlTable,
-    command,
-    send_commands,
-    zadd_command,
-    zrem_command,
-)
+from consumer.score_wire import UrlSlice, UrlTable, zadd_command, zrem_command
 from consumer.stats import iso_now
 from rankstream.errors import ServiceError
 

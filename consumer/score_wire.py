@@ -19,29 +19,16 @@ So the commands are built here as RESP bytes, with no Python work per member:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import redis
 
-SEND_GROUP_BYTES = 8 * 1024 * 1024  # one sendall() each: the GIL is released meanwhile
+from consumer.resp import bulk
+
 SCORE_TOKEN = 31  # "$24\r\n" + 24 characters + "\r\n"
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 _POWERS = np.array([1000, 100, 10, 1], dtype=np.int64)
-
-
-def bulk(value: bytes | str) -> bytes:
-    """One RESP bulk string."""
-    raw = value.encode("utf-8") if isinstance(value, str) else value
-    return b"$%d\r\n%s\r\n" % (len(raw), raw)
-
-
-def command(*args: bytes | str | int) -> bytes:
-    """One RESP command (for the few small ones)."""
-    parts = [bulk(str(a) if isinstance(a, int) else a) for a in args]
-    return b"*%d\r\n" % len(parts) + b"".join(parts)
 
 
 def score_tokens(values: np.ndarray) -> np.ndarray:
@@ -148,36 +135,3 @@ def zrem_command(key: str, ids: np.ndarray, urls: UrlSlice) -> bytes:
     """``ZREM key member ...`` for ``ids``, as RESP bytes."""
     _, members = urls.gather(ids)
     return b"*%d\r\n" % (2 + ids.size) + bulk(b"ZREM") + bulk(key) + members.tobytes()
-
-
-def send_commands(client: redis.Redis, payloads: Sequence[bytes]) -> list[Any]:
-    """Send RESP commands on one pooled connection, pipelined; return every reply.
-
-    Error replies come back as exceptions in the list. Connection errors propagate
-    (the connection is dropped) for the caller's retry loop.
-    """
-    pool = client.connection_pool
-    conn = pool.get_connection()
-    try:
-        group: list[bytes] = []
-        size = 0
-        for payload in payloads:
-            group.append(payload)
-            size += len(payload)
-            if size >= SEND_GROUP_BYTES:
-                conn.send_packed_command([b"".join(group)])
-                group, size = [], 0
-        if group:
-            conn.send_packed_command([b"".join(group)])
-        replies: list[Any] = []
-        for _ in payloads:
-            try:
-                replies.append(conn.read_response())
-            except redis.ResponseError as exc:
-                replies.append(exc)
-        return replies
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)

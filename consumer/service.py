@@ -8,7 +8,8 @@ scores and meta once that EXEC succeeded (see :mod:`consumer.score_publisher`)
 
 Concurrency: the graph transaction runs on a writer thread while a ranker thread
 applies the same batch to the engines (compiled kernels, GIL released) and the main
-thread polls and decodes the next one;
+thread polls and decodes the next one (and, while catching up, plans it before the
+transaction has finished: see :meth:`ConsumerService.process`);
 publications run on a second writer thread and are coalesced (batches that
 finish while one is being written join the next). A publication only ever
 covers batches whose transaction committed.
@@ -149,6 +150,8 @@ class ConsumerService:
         # shared state); the main thread joins it before anything else.
         self._ranker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ranker")
         self._prefetched: Fetched | None = None
+        # The transaction of the last batch the engines absorbed, while it may still run.
+        self._uncommitted: Future[None] | None = None
         self._publishing: Future[bool] | None = None
         # Latest engine report per algorithm not yet published (publications are
         # coalesced: they always carry the engines' current y).
@@ -337,6 +340,7 @@ class ConsumerService:
                 batch = self.fetch()
             if batch is None:
                 # Idle: publish what is pending now (without waiting for it).
+                self._settle_commit()
                 self._maybe_publish(force=True)
                 if self._publishing is None:
                     self.refresh_if_stale()
@@ -348,7 +352,15 @@ class ConsumerService:
         return len(batch.records) if batch is not None else 0
 
     def process(self, batch: Fetched) -> None:
-        """Dead letters, commit, apply and publish one decoded batch."""
+        """Dead letters, commit, apply and publish one decoded batch.
+
+        The batch's transaction is left running when this returns: the next batch is
+        planned meanwhile, and the next call waits for it (:meth:`_settle_commit`)
+        before it submits its own, so the mirror is at most two batches ahead of Redis.
+        A publication prepared meanwhile waits for the transaction before it writes
+        anything (:meth:`_send_publication`), so it still only covers batches whose
+        transaction committed.
+        """
         started = time.perf_counter()
         mirror = self._mirror()
         planned = mirror.plan(batch.events, batch.next_offsets, len(batch.records),
@@ -361,6 +373,9 @@ class ConsumerService:
             self._retry("sending dead letters", lambda: dlq.send(letters))
             self.stats.dlq_sent += len(letters)
         t_sent = time.perf_counter()
+        # The previous batch's transaction ran while this one was planned.
+        self._settle_commit()
+        t_commit = time.perf_counter()
         commit = self._writer.submit(self._commit, planned)
         # The engines absorb the batch while its transaction is in flight (Redis and
         # this process work in parallel); scores are published only once it committed.
@@ -368,6 +383,7 @@ class ConsumerService:
                     and not self._would_be_caught_up(batch.next_offsets))
         ranking = self._ranker.submit(mirror.apply_planned, planned,
                                       tolerance=self._batch_tolerance())
+        self._uncommitted = commit
         try:
             if prefetch:
                 self._prefetched = self.fetch()
@@ -375,8 +391,6 @@ class ConsumerService:
             t_fetch = time.perf_counter()
             reports = ranking.result()  # never leave the engines running unjoined
         t_rank = time.perf_counter()
-        commit.result()
-        t_commit = time.perf_counter()
         self._pending.update(reports)
         self._lagging = len(batch.records) >= self.settings.batch_max_events
         self._maybe_publish()
@@ -389,10 +403,16 @@ class ConsumerService:
             "moved": {a: int(r.moved_ids.size) for a, r in reports.items()},
             "modes": {a: str(r.mode) for a, r in reports.items()},
             "plan_s": round(t_plan - started, 4), "dlq_s": round(t_sent - t_plan, 4),
-            "prefetch_s": round(t_fetch - t_sent, 4), "rank_s": round(t_rank - t_fetch, 4),
-            "wait_commit_s": round(t_commit - t_rank, 4),
-            "publish_s": round(done - t_commit, 4)}})
+            "wait_commit_s": round(t_commit - t_sent, 4),
+            "prefetch_s": round(t_fetch - t_commit, 4), "rank_s": round(t_rank - t_fetch, 4),
+            "publish_s": round(done - t_rank, 4)}})
         self._heartbeat()
+
+    def _settle_commit(self) -> None:
+        """Wait for the graph transaction in flight, if any (raises what it raised)."""
+        commit, self._uncommitted = self._uncommitted, None
+        if commit is not None:
+            commit.result()
 
     def _batch_tolerance(self) -> float | None:
         """The engines' refresh target for the next batch (None: the tolerance)."""
@@ -409,6 +429,7 @@ class ConsumerService:
 
     def drain(self) -> None:
         """Publish everything pending and wait for it (called before a clean exit)."""
+        self._settle_commit()
         self._capped = False
         self._flush_publications()
         if self.stop_reason == "caught-up":
@@ -473,7 +494,8 @@ class ConsumerService:
         self._publication_lag = max(
             ((item.bound - float(reports[item.algorithm].bound)) / item.total
              for item in publication.summary if item.total > 0), default=0.0)
-        self._publishing = self._pub_writer.submit(self._send_publication, publication)
+        self._publishing = self._pub_writer.submit(self._send_publication, publication,
+                                                   self._uncommitted)
 
     def _flush_publications(self) -> None:
         """Wait for the publication in flight, then publish what is pending and wait."""
@@ -534,6 +556,8 @@ class ConsumerService:
 
     def _rebuild(self) -> None:
         with contextlib.suppress(Exception):  # whatever was in flight is void now
+            self._settle_commit()
+        with contextlib.suppress(Exception):
             self._await_publication()
         self._pending = {}  # the rebuilt mirror republishes every page
         self.publisher.reset()
@@ -553,8 +577,15 @@ class ConsumerService:
         self._pending.update(reports)
         self._flush_publications()
 
-    def _send_publication(self, publication: Publication) -> bool:
-        """Write one publication, fenced; repeated whole after an error (idempotent)."""
+    def _send_publication(self, publication: Publication,
+                          after: Future[None] | None = None) -> bool:
+        """Write one publication, fenced; repeated whole after an error (idempotent).
+
+        ``after``: the graph transaction of the last batch the publication covers,
+        if it may still be running; nothing is written before it committed.
+        """
+        if after is not None:
+            after.result()
         started = time.perf_counter()
         publisher, lock = self.publisher, self.lock
         swapped = self._fenced("publishing scores",

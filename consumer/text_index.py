@@ -50,6 +50,7 @@ __all__ = [
     "index_page_text",
     "index_text",
     "match",
+    "postings_commands",
     "query_terms",
     "term_key",
     "tokenize",
@@ -121,16 +122,14 @@ def query_terms(query: str) -> list[str]:
     return sorted(terms)
 
 
-def index_text(
-    pipe: Any,
+def postings_commands(
     prefix: str,
     titles: Mapping[int, str],
     anchors: Iterable[tuple[int, int, str]],
-) -> int:
-    """Queue the index additions for one consumer batch on ``pipe``; return the command count.
+) -> list[tuple[Any, ...]]:
+    """The index additions of one consumer batch: one ``SADD`` per distinct term.
 
     Args:
-        pipe: a redis-py pipeline (transactional or not); nothing is executed here.
         prefix: the key prefix.
         titles: page id -> title, from the batch's ``page`` events.
         anchors: ``(src id, dst id, anchor text)`` triples; the text indexes ``dst``.
@@ -146,9 +145,20 @@ def index_text(
         if text:
             for term in tokenize(text):
                 postings[term].add(dst)
-    for term, page_ids in postings.items():
-        pipe.sadd(term_key(prefix, term), *page_ids)
-    return len(postings)
+    return [("SADD", term_key(prefix, term), *page_ids) for term, page_ids in postings.items()]
+
+
+def index_text(
+    pipe: Any,
+    prefix: str,
+    titles: Mapping[int, str],
+    anchors: Iterable[tuple[int, int, str]],
+) -> int:
+    """Queue :func:`postings_commands` on ``pipe`` (a redis-py pipeline); return the count."""
+    commands = postings_commands(prefix, titles, anchors)
+    for cmd in commands:
+        pipe.sadd(cmd[1], *cmd[2:])
+    return len(commands)
 
 
 def index_page_text(

@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from redis.connection import Connection
 
 from consumer.graph_write import (
     MEMBER_CHUNK,
     GraphCounters,
     GraphWrite,
     adjacency_commands,
-    adjacency_script_args,
+    adjacency_payload,
     bookkeeping_commands,
     group_members,
     plan_links,
@@ -82,15 +83,24 @@ def test_adjacency_commands_write_both_directions_deletions_first():
     ]
 
 
-def test_script_args_pack_int32_groups():
-    write = GraphWrite(insert_src=np.array([3, 3], np.int32),
-                       insert_dst=np.array([4, 5], np.int32))
-    args = adjacency_script_args(KEYS, write)
-    assert args[0] == "t:"
-    assert len(args) == 13
-    out_owners, out_counts, out_members = (np.frombuffer(a, "<i4") for a in args[7:10])
-    assert out_owners.tolist() == [3] and out_counts.tolist() == [2]
-    assert out_members.tolist() == [4, 5]
+ids = st.integers(0, 2**31 - 1) | st.sampled_from([0, 1, 9, 10, 99, 100, 12345])
+id_lists = st.lists(st.tuples(ids, ids), max_size=30)
+
+
+@settings(max_examples=150, deadline=None)
+@given(id_lists, id_lists, st.sampled_from(["t:", "", "rs:ünï:"]))
+def test_adjacency_payload_is_the_resp_of_the_plain_commands(deletes, inserts, prefix):
+    """The compiled encoder sends exactly what redis-py would send for the same commands."""
+    keys = Keys(prefix)
+    write = GraphWrite(delete_src=np.array([s for s, _ in deletes], np.int32),
+                       delete_dst=np.array([d for _, d in deletes], np.int32),
+                       insert_src=np.array([s for s, _ in inserts], np.int32),
+                       insert_dst=np.array([d for _, d in inserts], np.int32))
+    payload, count = adjacency_payload(keys, write)
+    plain = adjacency_commands(keys, write)
+    assert count == len(plain)
+    expected = b"".join(b"".join(Connection().pack_command(*cmd)) for cmd in plain)
+    assert b"".join(payload) == expected
 
 
 def test_bookkeeping_ends_with_counters_and_offsets():

@@ -8,15 +8,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from consumer.resp import command
 from consumer.score_plan import ZsetRecord, plan_writes, unwritten_within
-from consumer.score_wire import (
-    SCORE_TOKEN,
-    UrlTable,
-    command,
-    score_tokens,
-    zadd_command,
-    zrem_command,
-)
+from consumer.score_wire import SCORE_TOKEN, UrlTable, score_tokens, zadd_command, zrem_command
 
 
 @settings(max_examples=200, deadline=None)
