@@ -168,8 +168,9 @@ def relocate_rows(rows, new_caps, start, length, cap, nbr, twin, pool_end):
 
 
 @njit(cache=True)
-def pack_rows(start, length, cap, nbr, twin, new_nbr, new_twin, num_nodes):
-    """Copy rows back to back (capacity = length) into fresh pools; returns the tail."""
+def pack_rows(start, length, cap, nbr, twin, new_nbr, new_twin, num_nodes, spare_shift):
+    """Copy rows back to back into fresh pools, each with capacity
+    ``length + (length >> spare_shift)``; returns the tail."""
     pos = 0
     for v in range(num_nodes):
         old = start[v]
@@ -177,8 +178,8 @@ def pack_rows(start, length, cap, nbr, twin, new_nbr, new_twin, num_nodes):
             new_nbr[pos + i] = nbr[old + i]
             new_twin[pos + i] = twin[old + i]
         start[v] = pos
-        cap[v] = length[v]
-        pos += length[v]
+        cap[v] = length[v] + (length[v] >> spare_shift)
+        pos += cap[v]
     return pos
 
 

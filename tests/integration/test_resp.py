@@ -41,7 +41,7 @@ def test_a_changed_watched_key_refuses_the_whole_transaction(isolated, client):
 
 def test_a_command_refused_while_queued_discards_the_transaction(isolated, client):
     key = f"{isolated.key_prefix}x"
-    with pooled_connection(client) as conn, pytest.raises(TransactionFailed, match="(?i)sadd"):
+    with pooled_connection(client) as conn, pytest.raises(TransactionFailed, match=r"(?i)sadd"):
         transaction(conn, [command("SET", key, "1"), command("SADD", key)], 2)
     assert client.get(key) is None
 

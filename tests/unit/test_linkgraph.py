@@ -199,3 +199,27 @@ def test_bad_batches_are_input_errors() -> None:
         EdgeBatch(removed_pages=np.array([0.5]))
     with pytest.raises(InputError):
         LinkGraph.from_edges(["a"], [])
+
+
+def test_a_growing_graph_stays_within_the_memory_budget_without_compacting_every_batch(
+        monkeypatch) -> None:
+    """New pages linking mostly to hubs: every batch grows the hubs' in-rows."""
+    compactions = 0
+    compact = LinkGraph.compact
+
+    def counted(self: LinkGraph) -> None:
+        nonlocal compactions
+        compactions += 1
+        compact(self)
+
+    monkeypatch.setattr(LinkGraph, "compact", counted)
+    rng = np.random.default_rng(5)
+    graph = LinkGraph()
+    for _ in range(40):
+        first = graph.num_ids
+        new = graph.intern_many([f"p{first + i}" for i in range(500)])
+        src = np.repeat(new, 10)
+        dst = ((rng.pareto(1.2, src.size) * 20).astype(np.int64) % graph.num_ids)
+        graph.apply(EdgeBatch(insert_src=src, insert_dst=dst.astype(np.int32)))
+        assert graph.memory_bytes() / graph.num_links <= 40
+    assert compactions <= 10
