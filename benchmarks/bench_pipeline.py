@@ -403,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"{'end-to-end throughput':<44}{result.links_per_s:>12,.0f} link changes/s "
             f"({result.events / result.seconds:,.0f} events/s)")
         say(f"{'bare redis-py pipeline floor (same links)':<44}{bare:>12,.0f} links/s")
-        say(f"{'consumer bulk-script write path alone':<44}{script:>12,.0f} links/s")
+        say(f"{'consumer raw-RESP write path alone':<44}{script:>12,.0f} links/s")
         say(f"{'bare kafka-python KafkaConsumer':<44}{kafka_records * links_per_event:>12,.0f}"
             f" links/s ({kafka_records:,.0f} records/s)")
         say(f"{'ratio end-to-end / bare floor':<44}{result.links_per_s / bare:>12.2f}"
