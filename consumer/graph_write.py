@@ -34,6 +34,7 @@ import redis
 
 from consumer.keys import Keys
 from consumer.resp import command, pooled_connection, set_commands, transaction
+from ranker.linkgraph import sorted_unique
 
 HSET_CHUNK = 1000  # field/value pairs per HSET
 MEMBER_CHUNK = 4000  # members per SADD/SREM: no single command holds Redis long
@@ -153,14 +154,15 @@ def plan_links(graph: Any, batch: Any) -> PlannedLinks:
     ``graph`` is a :class:`ranker.LinkGraph` (after the batch's URLs were interned),
     ``batch`` an :class:`ranker.EdgeBatch`. Removal of a page deletes all its links;
     deleting an absent link and inserting a present one are no-ops.
+    (``sorted_unique``, not ``np.unique``: numpy 2's is ~5x slower on these arrays.)
     """
     live = graph.live_mask()
-    removed = np.unique(batch.removed_pages)
+    removed = sorted_unique(batch.removed_pages)
     removed = removed[live[removed]] if removed.size else _EMPTY
     if removed.size:
         out_deg = graph.out_len[removed].astype(np.int64)
         in_deg = graph.in_len[removed].astype(np.int64)
-        rem_keys = np.unique(np.concatenate([
+        rem_keys = sorted_unique(np.concatenate([
             _pair_keys(np.repeat(removed, out_deg), graph.gather_out(removed)),
             _pair_keys(graph.gather_in(removed), np.repeat(removed, in_deg)),
         ]))
@@ -169,9 +171,9 @@ def plan_links(graph: Any, batch: Any) -> PlannedLinks:
     del_keys = np.zeros(0, dtype=np.int64)
     if batch.delete_src.size:
         present = graph.links_exist(batch.delete_src, batch.delete_dst)
-        del_keys = np.unique(_pair_keys(batch.delete_src[present], batch.delete_dst[present]))
+        del_keys = sorted_unique(_pair_keys(batch.delete_src[present], batch.delete_dst[present]))
         del_keys = np.setdiff1d(del_keys, rem_keys, assume_unique=True)
-    all_del = np.union1d(rem_keys, del_keys)
+    all_del = sorted_unique(np.concatenate([rem_keys, del_keys]))
     ins_keys = np.zeros(0, dtype=np.int64)
     if batch.insert_src.size:
         keep = batch.insert_src != batch.insert_dst
@@ -179,7 +181,7 @@ def plan_links(graph: Any, batch: Any) -> PlannedLinks:
         present = graph.links_exist(src, dst)
         keys = _pair_keys(src, dst)
         still_there = present & ~np.isin(keys, all_del)
-        ins_keys = np.unique(keys[~still_there])
+        ins_keys = sorted_unique(keys[~still_there])
     # A link deleted and re-inserted in one batch is no change at all.
     back = np.intersect1d(ins_keys, all_del, assume_unique=True)
     if back.size:

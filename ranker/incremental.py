@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ranker.linkgraph import AppliedBatch, EdgeBatch, LinkGraph
+from ranker.linkgraph import AppliedBatch, EdgeBatch, LinkGraph, sorted_unique
 from ranker.pagerank import pagerank
 from ranker.residual import ALGORITHM_KINDS, RefreshReport, ResidualEngine
 from ranker.weighted_pagerank import weighted_pagerank
@@ -185,7 +185,7 @@ class LiveRanks:
             ids = getattr(batch, name)
             if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
                 raise InputError(f"{name} holds an id outside 0..{n - 1}", where="EdgeBatch")
-        removed = np.unique(batch.removed_pages)
+        removed = sorted_unique(batch.removed_pages)
         removed = removed[graph.live_mask()[removed]] if removed.size else removed
         present = graph.links_exist(batch.delete_src, batch.delete_dst)
         absent = ~graph.links_exist(batch.insert_src, batch.insert_dst)
@@ -194,4 +194,4 @@ class LiveRanks:
                                   batch.delete_src[present], batch.insert_src[absent]])
         targets = np.concatenate([removed, graph.gather_out(removed),
                                   batch.delete_dst[present], batch.insert_dst[absent]])
-        return (np.unique(sources).astype(np.int32), np.unique(targets).astype(np.int32))
+        return (sorted_unique(sources).astype(np.int32), sorted_unique(targets).astype(np.int32))

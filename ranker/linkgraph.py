@@ -242,7 +242,7 @@ class LinkGraph:
                 raise InputError(f"{name} holds an id outside 0..{n - 1}", where="EdgeBatch")
         was_live = self._live[:n].copy()
 
-        removed = np.unique(batch.removed_pages)
+        removed = sorted_unique(batch.removed_pages)
         removed = removed[self._live[removed]]
         rem_src, rem_dst = self._remove_pages(removed)
 

@@ -53,7 +53,7 @@ import numpy as np
 
 from ranker import _graph_kernels as GK
 from ranker import _kernels as K
-from ranker.linkgraph import AppliedBatch, LinkGraph
+from ranker.linkgraph import AppliedBatch, LinkGraph, sorted_unique
 
 ALGORITHM_KINDS = {"pagerank": K.KIND_PAGERANK, "wpr": K.KIND_WPR}
 # Over-relaxation of global sweeps (measured on the 1M-page copying-model graph,
@@ -212,7 +212,7 @@ class ResidualEngine:
         cols = GK.union_with_rows(sources, ends, g.in_start, g.in_len, g.in_nbr, self.is_marked)
         # Remembered for retract/absorb: only the sources' out-rows change; the
         # other columns are re-weighed in one pass after the change.
-        self._plan = (np.unique(sources).astype(np.int32), np.unique(ends), cols)
+        self._plan = (sorted_unique(sources).astype(np.int32), sorted_unique(ends), cols)
         return cols
 
     def retract(self, cols: np.ndarray) -> None:
@@ -236,7 +236,7 @@ class ResidualEngine:
         g = self.graph
         self._ensure(g.num_ids)
         live = g.live_mask()
-        pages = np.unique(np.concatenate([applied.removed_pages, applied.new_pages]))
+        pages = sorted_unique(np.concatenate([applied.removed_pages, applied.new_pages]))
         if pages.size:
             # Idempotent against our own b, so a page interned before cold_start and
             # reported new by the next apply is not counted twice.
