@@ -303,8 +303,9 @@ class ResidualEngine:
         self.base[:n] = np.where(live, 1.0 - self.damping, 0.0)
         if self.kind == K.KIND_WPR:
             K.all_sums(n, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si, self.so)
-        self.l1, _ = K.full_residual(self.kind, self.damping, n, live, self.y, self.r,
-                                     *self._arrays())
+        self.l1, _ = K.full_residual_pull(self.kind, self.damping, n, live, self.y, self.r,
+                                          g.in_start, g.in_len, g.in_nbr, g.out_len,
+                                          self.si, self.so)
         K.clear_queue(self.queue, self.qstate, self.inq)
         self.rescan = True
         return float(np.abs(self.r[:n] - before).max()) if n else 0.0

@@ -125,3 +125,25 @@ def test_wpr_full_recompute_absorb_matches_the_column_re_weigh(
     (si_a, so_a, y_a), (si_b, so_b, y_b) = states
     assert np.array_equal(si_a, si_b) and np.array_equal(so_a, so_b)
     assert np.abs(y_a - y_b).sum() <= 2e-10 * y_a.sum()
+
+
+@pytest.mark.parametrize("algorithm", ["pagerank", "wpr"])
+def test_parallel_pulled_residual_equals_the_pushed_one(algorithm: str) -> None:
+    graph = copying_model_graph(3000, 6.0, seed=31).to_linkgraph()
+    graph.apply(EdgeBatch(removed_pages=np.arange(0, 3000, 97, dtype=np.int32)))
+    ranks = LiveRanks(graph, algorithms=(algorithm,), tolerance=1e-6)
+    ranks.cold_start()
+    engine = ranks.engines[algorithm]
+    n = graph.num_ids
+    y = engine.y.copy()
+    y[::13] = 0.0  # pages without score are skipped by the push
+    live = graph.live_mask()
+    pushed, pulled = np.zeros_like(engine.r), np.zeros_like(engine.r)
+    push_stats = K.full_residual(engine.kind, engine.damping, n, live, y, pushed,
+                                 graph.out_start, graph.out_len, graph.out_nbr, graph.in_len,
+                                 engine.si, engine.so)
+    pull_stats = K.full_residual_pull(engine.kind, engine.damping, n, live, y, pulled,
+                                      graph.in_start, graph.in_len, graph.in_nbr,
+                                      graph.out_len, engine.si, engine.so)
+    np.testing.assert_allclose(pulled[:n], pushed[:n], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(pull_stats, push_stats, rtol=1e-12)
