@@ -16,7 +16,7 @@ links each. Phases, on a private topic and key prefix (deleted afterwards unless
    incremental PageRank + WPR, score publication, all included);
 3. floors: the same adjacency is written again under a scratch prefix, in chunks
    of one consumer batch, by (a) a bare redis-py pipeline of grouped SADDs and
-   (b) the consumer's bulk-script write path alone. (a) is the I/O floor the
+   (b) the consumer's raw-RESP write path alone. (a) is the I/O floor the
    target compares against. (c) a bare kafka-python ``KafkaConsumer`` with the
    consumer's fetch settings reads the topic again (its record parsing is pure
    Python, so it is a floor of its own);
@@ -203,7 +203,7 @@ def kafka_floor(settings: Settings, records: int) -> float:
 
 
 def floors(client: redis_py.Redis, settings: Settings, batch_links: int) -> tuple[float, float]:
-    """(bare redis-py pipeline, bulk-script write path) in links/s on the same adjacency."""
+    """(bare redis-py pipeline, raw-RESP write path) in links/s on the same adjacency."""
     stored = load_stored(client, Keys(settings.key_prefix), settings.topic)
     src, dst = stored.edge_src, stored.edge_dst
     results = []
