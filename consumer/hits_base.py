@@ -11,9 +11,9 @@ Reads the consumer's public layout (``P out:{id}``, ``P in:{id}``, ``P page:url`
 
 A base set of 5k pages means ~5k ``SMEMBERS``. Sent through redis-py's pipeline
 object, each costs ~10 us of Python packing and reply parsing, several times
-what Redis spends on it; :func:`read_sets` therefore writes the RESP request in
-one buffer and reads the replies back with the connection's own (hiredis)
-parser, through the public ``Connection.send_packed_command`` /
+what Redis spends on it; :func:`consumer.resp.read_sets` therefore writes the
+RESP request in one buffer and reads the replies back with the connection's own
+(hiredis) parser, through the public ``Connection.send_packed_command`` /
 ``read_response``. The server-side work is that of an ordinary pipeline: no
 scripts, nothing that blocks Redis longer than the commands themselves.
 
@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from consumer.resp import read_sets
+
 __all__ = [
     "MAX_IN_CANDIDATES",
     "BaseSubgraph",
@@ -45,7 +47,6 @@ __all__ = [
 # pages seen first) compete for the max_in places. Deterministic, and bounded.
 MAX_IN_CANDIDATES = 10_000
 # Keys per raw pipeline write: bounds the request buffer (and reply burst) size.
-_READ_CHUNK = 10_000
 _SCORES = "pagerank"
 
 
@@ -97,53 +98,6 @@ def url_hosts(urls: Sequence[str]) -> list[str]:
     if len(hosts) != len(urls):  # not expected for canonical URLs; be exact anyway
         return [url_host(u) for u in urls]
     return hosts
-
-
-def read_sets(redis: Any, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """``SMEMBERS`` of every key (integer members): ``(lengths, all members concatenated)``.
-
-    One raw pipelined write and read per :data:`_READ_CHUNK` keys. On any error the
-    connection is closed before it goes back to the pool, so no half-read reply
-    can reach the next user.
-    """
-    lengths = np.zeros(len(keys), dtype=np.int64)
-    if not keys:
-        return lengths, np.zeros(0, dtype=np.int64)
-    members: list[bytes] = []
-    pool = redis.connection_pool
-    connection = pool.get_connection()
-    try:
-        for lo in range(0, len(keys), _READ_CHUNK):
-            batch = keys[lo : lo + _READ_CHUNK]
-            connection.send_packed_command([_smembers_request(batch)])
-            for i in range(lo, lo + len(batch)):
-                reply = connection.read_response(disable_decoding=True)
-                lengths[i] = len(reply)
-                members.extend(reply)
-    except BaseException:
-        connection.disconnect()
-        raise
-    finally:
-        pool.release(connection)
-    return lengths, _parse_ids(members, int(lengths.sum()))
-
-
-def _smembers_request(keys: Sequence[str]) -> bytes:
-    parts = []
-    for key in keys:
-        raw = key.encode()
-        parts.append(b"*2\r\n$8\r\nSMEMBERS\r\n$%d\r\n%s\r\n" % (len(raw), raw))
-    return b"".join(parts)
-
-
-def _parse_ids(members: list[bytes], expected: int) -> np.ndarray:
-    if not members:
-        return np.zeros(0, dtype=np.int64)
-    # One C-level parse of "12 7 301 ..." is ~4x faster than int() per member.
-    ids = np.fromstring(b" ".join(members), dtype=np.int64, sep=" ")
-    if ids.size != expected:
-        raise ValueError(f"non-integer member in an adjacency set ({ids.size} != {expected})")
-    return ids
 
 
 def base_subgraph(

@@ -29,6 +29,7 @@ import redis
 from rankstream.errors import ServiceError
 
 SEND_GROUP_BYTES = 8 * 1024 * 1024  # one sendall() each: the GIL is released meanwhile
+READ_SETS_CHUNK = 10_000  # SMEMBERS per round trip of read_sets()
 
 _MULTI = b"*1\r\n$5\r\nMULTI\r\n"
 _EXEC = b"*1\r\n$4\r\nEXEC\r\n"
@@ -206,6 +207,53 @@ def send_commands(client: redis.Redis, payloads: Sequence[bytes]) -> list[Any]:
         for count in in_flight:
             read(count)
         return replies
+
+
+def read_sets(redis: Any, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``SMEMBERS`` of every key (integer members): ``(lengths, all members concatenated)``.
+
+    One raw pipelined write and read per :data:`READ_SETS_CHUNK` keys. On any error the
+    connection is closed before it goes back to the pool, so no half-read reply
+    can reach the next user.
+    """
+    lengths = np.zeros(len(keys), dtype=np.int64)
+    if not keys:
+        return lengths, np.zeros(0, dtype=np.int64)
+    members: list[bytes] = []
+    pool = redis.connection_pool
+    connection = pool.get_connection()
+    try:
+        for lo in range(0, len(keys), READ_SETS_CHUNK):
+            batch = keys[lo : lo + READ_SETS_CHUNK]
+            connection.send_packed_command([_smembers_request(batch)])
+            for i in range(lo, lo + len(batch)):
+                reply = connection.read_response(disable_decoding=True)
+                lengths[i] = len(reply)
+                members.extend(reply)
+    except BaseException:
+        connection.disconnect()
+        raise
+    finally:
+        pool.release(connection)
+    return lengths, _parse_ids(members, int(lengths.sum()))
+
+
+def _smembers_request(keys: Sequence[str]) -> bytes:
+    parts = []
+    for key in keys:
+        raw = key.encode()
+        parts.append(b"*2\r\n$8\r\nSMEMBERS\r\n$%d\r\n%s\r\n" % (len(raw), raw))
+    return b"".join(parts)
+
+
+def _parse_ids(members: list[bytes], expected: int) -> np.ndarray:
+    if not members:
+        return np.zeros(0, dtype=np.int64)
+    # One C-level parse of "12 7 301 ..." is ~4x faster than int() per member.
+    ids = np.fromstring(b" ".join(members), dtype=np.int64, sep=" ")
+    if ids.size != expected:
+        raise ValueError(f"non-integer member in an adjacency set ({ids.size} != {expected})")
+    return ids
 
 
 def _replies(conn: Any, count: int) -> Iterator[Any]:

@@ -181,35 +181,32 @@ def enqueue_pages(pages, queue, qstate, inq):
         _enqueue(pages[k], queue, qstate, inq)
 
 
+@njit(cache=True, inline="always")
+def _page_sums(m, out_start, out_len, out_nbr, in_len):
+    """``(SI[m], SO[m])`` from the current graph."""
+    base = out_start[m]
+    s_in = 0.0
+    s_out = 0.0
+    for i in range(out_len[m]):
+        n = out_nbr[base + i]
+        s_in += in_len[n]
+        s_out += out_len[n]
+    return s_in, s_out
+
+
 @njit(cache=True)
 def update_sums(cols, out_start, out_len, out_nbr, in_len, si, so):
     """Recompute ``SI[m]`` and ``SO[m]`` for ``cols`` from the current graph."""
     for k in range(cols.size):
         m = cols[k]
-        base = out_start[m]
-        s_in = 0.0
-        s_out = 0.0
-        for i in range(out_len[m]):
-            n = out_nbr[base + i]
-            s_in += in_len[n]
-            s_out += out_len[n]
-        si[m] = s_in
-        so[m] = s_out
+        si[m], so[m] = _page_sums(m, out_start, out_len, out_nbr, in_len)
 
 
 @njit(cache=True, parallel=True)
 def all_sums(num_nodes, out_start, out_len, out_nbr, in_len, si, so):
     """``SI`` and ``SO`` of every page (each page's own gather: split across threads)."""
     for m in numba.prange(num_nodes):
-        base = out_start[m]
-        s_in = 0.0
-        s_out = 0.0
-        for i in range(out_len[m]):
-            n = out_nbr[base + i]
-            s_in += in_len[n]
-            s_out += out_len[n]
-        si[m] = s_in
-        so[m] = s_out
+        si[m], so[m] = _page_sums(m, out_start, out_len, out_nbr, in_len)
 
 
 @njit(cache=True, inline="always")
