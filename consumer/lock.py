@@ -221,16 +221,17 @@ class ConsumerLock:
         """WATCH the lease (and ``also_watch``) on ``pipe``; raise :class:`LockLost`
         unless the lease is ours."""
         pipe.watch(*also_watch, self.key)
-        if pipe.get(self.key) != self.value:
-            self.lost.set()
-            raise LockLost(f"lost the consumer lock {self.key}")
+        self._expect_ours(pipe.get(self.key))
 
     def check_on(self, conn: Any) -> None:
         """:meth:`check_in` on a raw redis-py ``Connection`` (see :mod:`consumer.resp`)."""
         conn.send_command("WATCH", self.key)
         conn.read_response()
         conn.send_command("GET", self.key)
-        if conn.read_response() != self.value:
+        self._expect_ours(conn.read_response())
+
+    def _expect_ours(self, current: Any) -> None:
+        if current != self.value:
             self.lost.set()
             raise LockLost(f"lost the consumer lock {self.key}")
 

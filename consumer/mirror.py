@@ -6,8 +6,8 @@ with its last-ts record, the removed-page flags, the counters and the offsets.
 It is built from Redis at start (:meth:`Mirror.load`) and rebuilt whenever it may
 disagree with Redis (another writer took the lease in between). During normal
 operation it runs at most two batches ahead of Redis: the batch whose transaction
-is in flight and, while the consumer catches up, the next one being planned (the
-service publishes scores only for committed batches).
+is in flight and the next one being planned meanwhile (the service publishes
+scores only for committed batches).
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ object every argument costs ~1 us of Python (packing) and every reply ~1 us more
 time taken from the threads that decode events and run the engines. So the bulk
 commands are encoded here (numpy, or the compiled :func:`set_commands`) and sent
 through the public ``Connection.send_packed_command``; replies are read back with
-the connection's own (hiredis) parser through ``Connection.read_response``.
+the connection's own (hiredis) parser through ``Connection.read_response``, except
+a transaction's one ``+QUEUED`` per command, which a hiredis reader of our own
+takes straight from the socket (:func:`_replies`).
 
 Why plain commands and not a server-side script that unpacks packed ids: measured
 on this 2-core box (AOF on), Redis spends 4.9-5.2 us per link running a Lua script
@@ -144,17 +146,18 @@ def set_commands(verb: str, key_head: str, owners: np.ndarray, counts: np.ndarra
 
 # -- sending ------------------------------------------------------------------------
 
-def _send_grouped(conn: Any, payloads: Sequence[bytes]) -> None:
+def _groups(payloads: Sequence[bytes]) -> Iterator[list[bytes]]:
+    """``payloads`` in consecutive groups of about :data:`SEND_GROUP_BYTES`."""
     group: list[bytes] = []
     size = 0
     for payload in payloads:
         group.append(payload)
         size += len(payload)
         if size >= SEND_GROUP_BYTES:
-            conn.send_packed_command(group)
+            yield group
             group, size = [], 0
     if group:
-        conn.send_packed_command(group)
+        yield group
 
 
 @contextlib.contextmanager
@@ -193,17 +196,11 @@ def send_commands(client: redis.Redis, payloads: Sequence[bytes]) -> list[Any]:
                 except redis.ResponseError as exc:
                     replies.append(exc)
 
-        group: list[bytes] = []
-        size = 0
-        for index, payload in enumerate(payloads):
-            group.append(payload)
-            size += len(payload)
-            if size >= SEND_GROUP_BYTES or index == len(payloads) - 1:
-                conn.send_packed_command(group)
-                in_flight.append(len(group))
-                group, size = [], 0
-                if len(in_flight) > 2:
-                    read(in_flight.pop(0))
+        for group in _groups(payloads):
+            conn.send_packed_command(group)
+            in_flight.append(len(group))
+            if len(in_flight) > 2:
+                read(in_flight.pop(0))
         for count in in_flight:
             read(count)
         return replies
@@ -220,9 +217,7 @@ def read_sets(redis: Any, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     if not keys:
         return lengths, np.zeros(0, dtype=np.int64)
     members: list[bytes] = []
-    pool = redis.connection_pool
-    connection = pool.get_connection()
-    try:
+    with pooled_connection(redis) as connection:
         for lo in range(0, len(keys), READ_SETS_CHUNK):
             batch = keys[lo : lo + READ_SETS_CHUNK]
             connection.send_packed_command([_smembers_request(batch)])
@@ -230,11 +225,6 @@ def read_sets(redis: Any, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
                 reply = connection.read_response(disable_decoding=True)
                 lengths[i] = len(reply)
                 members.extend(reply)
-    except BaseException:
-        connection.disconnect()
-        raise
-    finally:
-        pool.release(connection)
     return lengths, _parse_ids(members, int(lengths.sum()))
 
 
@@ -298,7 +288,8 @@ def transaction(conn: Any, body: Sequence[bytes], commands: int) -> list[Any]:
     command was refused while queued (Redis then discards the whole transaction) or
     failed inside EXEC (the others did run; Redis has no rollback).
     """
-    _send_grouped(conn, [_MULTI, *body, _EXEC])
+    for group in _groups([_MULTI, *body, _EXEC]):
+        conn.send_packed_command(group)
     refused: Exception | None = None
     replies: Any = None
     # +OK of MULTI, +QUEUED per command, then EXEC's reply

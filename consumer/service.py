@@ -8,8 +8,8 @@ scores and meta once that EXEC succeeded (see :mod:`consumer.score_publisher`)
 
 Concurrency: the graph transaction runs on a writer thread while a ranker thread
 applies the same batch to the engines (compiled kernels, GIL released) and the main
-thread polls and decodes the next one (and, while catching up, plans it before the
-transaction has finished: see :meth:`ConsumerService.process`);
+thread polls and decodes the next one (and plans it before that transaction has
+finished: see :meth:`ConsumerService.process`);
 publications run on a second writer thread and are coalesced (batches that
 finish while one is being written join the next). A publication only ever
 covers batches whose transaction committed.
