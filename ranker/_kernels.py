@@ -327,7 +327,8 @@ def sweep(kind, damping, eps, omega, num_nodes, y, r, out_start, out_len, out_nb
 @njit(cache=True, parallel=True)
 def full_residual_pull(kind, damping, num_nodes, live, y, r, in_start, in_len, in_nbr,
                        out_len, si, so):
-    """:func:`full_residual` pulled along in-links, split across threads.
+    """``r = b + d*M*y - y`` from scratch (``b = 1 - d`` on live pages); returns
+    ``(sum |r|, max |r|)``. Pulled along in-links and split across threads.
 
     Every page sums its own in-links, so threads never write the same entry: the
     drift guard and WPR's full-pass absorb (a full residual every batch of a
@@ -348,30 +349,6 @@ def full_residual_pull(kind, damping, num_nodes, live, y, r, in_start, in_len, i
             if column[m] != 0.0:
                 acc += column[m] * _edge_factor(modes[m], n, in_len, out_len)
         r[n] = (base_value if live[n] else 0.0) - y[n] + acc
-    return abs_stats(r, num_nodes)
-
-
-@njit(cache=True)
-def full_residual(kind, damping, num_nodes, live, y, r, out_start, out_len, out_nbr, in_len,
-                  si, so):
-    """``r = b + d*M*y - y`` from scratch (``b = 1 - d`` on live pages).
-
-    Returns ``(sum |r|, max |r|)``. The reference for :func:`full_residual_pull`.
-    """
-    base_value = 1.0 - damping
-    for v in range(num_nodes):
-        r[v] = (base_value if live[v] else 0.0) - y[v]
-    for m in range(num_nodes):
-        if y[m] == 0.0:
-            continue
-        scale, mode = _column_scale(kind, m, out_len, si, so)
-        if scale == 0.0:
-            continue
-        c = damping * y[m] * scale
-        base = out_start[m]
-        for i in range(out_len[m]):
-            n = out_nbr[base + i]
-            r[n] += c * _edge_factor(mode, n, in_len, out_len)
     return abs_stats(r, num_nodes)
 
 
