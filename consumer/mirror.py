@@ -155,11 +155,14 @@ class Mirror:
         return PlannedBatch(write, applied, dict(partition_offsets), planned.removed_ids,
                             revived, messages, dead_letters)
 
-    def apply_planned(self, batch: PlannedBatch, *, tolerance: float | None = None
+    def apply_planned(self, batch: PlannedBatch, *, refresh: bool = True,
+                      tolerance: float | None = None, max_sweeps: int | None = None
                       ) -> dict[str, Any]:
         """Apply the batch to the graph and engines (while or after its EXEC runs).
 
-        ``tolerance``: the engines' refresh target for this batch (default: theirs).
+        ``refresh``: refresh the engines afterwards and return their reports (else
+        ``{}``: the batch is absorbed, and a later refresh covers it); ``tolerance``
+        and ``max_sweeps``: that refresh's target and sweep cap (default: theirs).
 
         If its transaction then cannot commit (another consumer took the lease and
         wrote), the mirror no longer matches Redis: the caller rebuilds it.
@@ -169,7 +172,9 @@ class Mirror:
             self.removed_flag = np.concatenate(
                 [self.removed_flag, np.zeros(n - len(self.removed_flag), dtype=bool)])
         self.removed_flag[batch.revived_ids] = False
-        reports: dict[str, Any] = self.ranks.apply(batch.applied.batch, tolerance=tolerance)
+        self.ranks.absorb(batch.applied.batch)
+        reports: dict[str, Any] = (
+            self.ranks.refresh(tolerance=tolerance, max_sweeps=max_sweeps) if refresh else {})
         self.removed_flag[batch.removed_ids] = True
         self.counters = batch.write.counters
         self.offsets.update(batch.partition_offsets)

@@ -145,16 +145,25 @@ class LiveRanks:
             reports[name] = report
         return reports
 
-    def apply(self, batch: EdgeBatch, *, tolerance: float | None = None
-              ) -> dict[str, RefreshReport]:
+    def apply(self, batch: EdgeBatch, *, tolerance: float | None = None,
+              max_sweeps: int | None = None) -> dict[str, RefreshReport]:
         """Apply ``batch`` to the graph and refresh every algorithm incrementally.
 
-        ``tolerance`` overrides the refresh target of this call only (a caller that
-        cannot use more accuracy yet, e.g. a consumer whose published scores lag by
-        more, saves the work); the reports' ``fresh`` then refers to it.
+        The same as :meth:`absorb` then :meth:`refresh` (see there for the arguments).
         """
-        if tolerance is not None and not tolerance > 0.0:
-            raise InputError(f"tolerance must be positive, got {tolerance!r}")
+        _check_refresh_args(tolerance, max_sweeps)  # before the graph changes
+        self.absorb(batch)
+        return self.refresh(tolerance=tolerance, max_sweeps=max_sweeps)
+
+    def absorb(self, batch: EdgeBatch) -> AppliedBatch:
+        """Apply ``batch`` to the graph and bring every residual up to date, no refresh.
+
+        ``y`` is left as it was, so the engines' bounds grow until the next
+        :meth:`refresh`. A caller that cannot use scores after every batch (a consumer
+        catching up publishes only now and then) absorbs several batches per refresh:
+        a refresh costs about the same after one batch as after a few, and a WPR
+        residual that needs recomputing from scratch is recomputed once for them all.
+        """
         graph = self.graph
         sources, targets = self._changing_links(batch)
         cols = {name: e.columns(sources, targets) for name, e in self.engines.items()}
@@ -163,14 +172,26 @@ class LiveRanks:
         applied = graph.apply(batch)
         self.last_applied = applied
         self.batches += 1
-        recompute = self.batches % self.recompute_every == 0
-        reports = {}
         for name, engine in self.engines.items():
             engine.absorb(cols[name], applied)
-            if recompute:
-                engine.recompute_residual()
-            reports[name] = engine.refresh(tolerance=tolerance)
-        return reports
+            if self.batches % self.recompute_every == 0:
+                engine.stale = True  # the drift guard: recomputed by the next refresh
+        return applied
+
+    def refresh(self, *, tolerance: float | None = None, max_sweeps: int | None = None
+                ) -> dict[str, RefreshReport]:
+        """Refresh every algorithm towards its bounds; returns the reports.
+
+        ``tolerance`` overrides the refresh target of this call only (a caller that
+        cannot use more accuracy yet, e.g. a consumer whose published scores lag by
+        more, saves the work); the reports' ``fresh`` then refers to it.
+        ``max_sweeps`` caps this call's global sweeps (a service that must publish
+        within a time budget); an unconverged report says so (``fresh`` false, the
+        bound as reached), and a later refresh carries on from there.
+        """
+        _check_refresh_args(tolerance, max_sweeps)
+        return {name: engine.refresh(tolerance=tolerance, max_sweeps=max_sweeps)
+                for name, engine in self.engines.items()}
 
     def _changing_links(self, batch: EdgeBatch) -> tuple[np.ndarray, np.ndarray]:
         """Distinct sources and targets of the links ``batch`` may change (pre-apply).
@@ -195,3 +216,10 @@ class LiveRanks:
         targets = np.concatenate([removed, graph.gather_out(removed),
                                   batch.delete_dst[present], batch.insert_dst[absent]])
         return (sorted_unique(sources).astype(np.int32), sorted_unique(targets).astype(np.int32))
+
+
+def _check_refresh_args(tolerance: float | None, max_sweeps: int | None) -> None:
+    if tolerance is not None and not tolerance > 0.0:
+        raise InputError(f"tolerance must be positive, got {tolerance!r}")
+    if max_sweeps is not None and max_sweeps < 1:
+        raise InputError(f"max_sweeps must be at least 1, got {max_sweeps!r}")

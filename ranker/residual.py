@@ -161,6 +161,9 @@ class ResidualEngine:
         self.l1 = 0.0  # running ||r||_1, exact after every refresh
         self.pending_work = 0
         self.rescan = False  # queue every page above the threshold at the next refresh
+        # r is not maintained until the next refresh recomputes it (a whole-graph absorb
+        # was deferred): column updates meanwhile would be thrown away, so they are skipped.
+        self.stale = False
         self.eps_scale = 1.0  # push threshold in units of its floor (adapted per refresh)
         self.total = 0.0
         self.y_max = 0.0
@@ -206,7 +209,7 @@ class ResidualEngine:
         g = self.graph
         # Pages interned since the last batch may have ids beyond our arrays.
         self._ensure(g.num_ids)
-        if self.kind == K.KIND_PAGERANK:
+        if self.kind == K.KIND_PAGERANK or self.stale:
             return sources
         ends = np.concatenate([sources, targets]).astype(np.int32)
         cols = GK.union_with_rows(sources, ends, g.in_start, g.in_len, g.in_nbr, self.is_marked)
@@ -219,6 +222,8 @@ class ResidualEngine:
         """Subtract the current contribution of ``cols`` (before the graph changes)."""
         g = self.graph
         self._ensure(g.num_ids)
+        if self.stale:
+            return
         plan = self._plan
         if plan is None or plan[2] is not cols:
             self._plan = None
@@ -236,6 +241,10 @@ class ResidualEngine:
         g = self.graph
         self._ensure(g.num_ids)
         live = g.live_mask()
+        if self.stale:
+            self._forget_removed(applied.removed_pages, live)
+            self.pending_work += int(FULL_RESIDUAL_SHARE * g.num_links)
+            return
         pages = sorted_unique(np.concatenate([applied.removed_pages, applied.new_pages]))
         if pages.size:
             # Idempotent against our own b, so a page interned before cold_start and
@@ -253,8 +262,10 @@ class ResidualEngine:
             if reweigh > FULL_RESIDUAL_SHARE * g.num_links:
                 # Growing graphs send many links to hubs, and each re-weighs every
                 # in-neighbour of the hub: on a 1M-page graph a batch of 50k new links
-                # re-weighed 614k columns (6.4M link visits) in 0.55 s.
-                self.recompute_residual()
+                # re-weighed 614k columns (6.4M link visits) in 0.55 s. The full
+                # recomputation is left to the next refresh, so batches absorbed
+                # without one in between (see LiveRanks.absorb) share it.
+                self.stale = True
                 self.pending_work += reweigh
             else:
                 K.update_sums(sources, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si,
@@ -274,7 +285,9 @@ class ResidualEngine:
                 K.update_sums(cols, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si,
                               self.so)
             self._add_columns(cols, 1.0)
-        removed = applied.removed_pages
+        self._forget_removed(applied.removed_pages, live)
+
+    def _forget_removed(self, removed: np.ndarray, live: np.ndarray) -> None:
         dead = removed[~live[removed]]
         # A removed page has no links and b = 0, so its exact y and residual are 0;
         # zeroing y moves no other residual because its column is empty.
@@ -308,6 +321,7 @@ class ResidualEngine:
                                           self.si, self.so)
         K.clear_queue(self.queue, self.qstate, self.inq)
         self.rescan = True
+        self.stale = False
         return float(np.abs(self.r[:n] - before).max()) if n else 0.0
 
     def load(self, y: np.ndarray) -> None:
@@ -357,17 +371,22 @@ class ResidualEngine:
             return np.inf
         return rho * max(y_max, 1.0 - self.damping) / (1.0 - rho)
 
-    def refresh(self, *, mode: str = "local", tolerance: float | None = None) -> RefreshReport:
+    def refresh(self, *, mode: str = "local", tolerance: float | None = None,
+                max_sweeps: int | None = None) -> RefreshReport:
         """Push until the certified bounds hold; switch to global sweeps if not local.
 
         ``tolerance`` overrides :attr:`tolerance` for this refresh (and the report's
-        ``fresh`` refers to it).
+        ``fresh`` refers to it); ``max_sweeps`` caps its global sweeps below
+        :attr:`max_sweeps` (the report is then honest about what was reached).
         """
         tol = self.tolerance if tolerance is None else float(tolerance)
+        sweep_cap = self.max_sweeps if max_sweeps is None else min(max_sweeps, self.max_sweeps)
         start = time.perf_counter()
         g = self.graph
         n = g.num_ids
         self._ensure(n)
+        if self.stale:
+            self.recompute_residual()
         d = self.damping
         work = self.pending_work
         self.pending_work = 0
@@ -431,7 +450,7 @@ class ResidualEngine:
             target, eps = self._thresholds(total, y_max, live_count, tol)
             if l1 <= target and self._max_abs_bound(peak, y_max) <= self._max_error():
                 break
-            if mode == "global" and sweeps >= self.max_sweeps:
+            if mode == "global" and sweeps >= sweep_cap:
                 break  # reported as not fresh
             if peak <= eps and l1 > target:
                 # The dust below the threshold alone exceeds the target: go finer.

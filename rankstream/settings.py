@@ -64,6 +64,13 @@ class Settings(BaseSettings):
         "graph; the rest is in the published bound and written next; 0: no cap",
     )
     max_iter: int = Field(1000, ge=1)
+    batch_max_sweeps: int = Field(
+        3, ge=0,
+        description="the consumer's global sweeps per algorithm after a batch (the scores "
+        "are then published with the bound reached; refreshes while idle go on to the "
+        "tolerance); bounds the time from event to published score on large graphs; "
+        "0: no cap (max_iter)",
+    )
 
     # --- Consumer --------------------------------------------------------------
     batch_max_events: int = Field(5000, ge=1)

@@ -254,8 +254,16 @@ def write_config(broker: KafkaBroker) -> None:
 
 
 def new_cluster_id() -> str:
-    """Kafka's cluster-id format: 16 random bytes, URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """Kafka's cluster-id format: 16 random bytes, URL-safe base64 without padding.
+
+    Never one starting with "-" (1 in 64 would): the storage tool's argument parser
+    takes it for an option and fails (seen in CI). Kafka's own ``Uuid.randomUuid``
+    draws again in that case too.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def format_storage(broker: KafkaBroker, *, java: str, timeout: float = 120.0) -> bool:
