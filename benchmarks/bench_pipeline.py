@@ -122,6 +122,7 @@ class Throughput:
     batches: int
     phases: dict[str, float]  # summed per-batch phase times of the consumer's log
     publications: list[dict[str, Any]]
+    batch_records: list[dict[str, Any]]
 
     @property
     def links_per_s(self) -> float:
@@ -141,9 +142,9 @@ class LogCapture(logging.Handler):
         if fields is None:
             return
         if record.msg == "batch":
-            self.batches.append(fields)
+            self.batches.append({**fields, "t": record.created})
         elif record.msg == "published":
-            self.publications.append(fields)
+            self.publications.append({**fields, "t": record.created})
 
 
 PHASES = ("plan_s", "rank_s", "prefetch_s", "wait_commit_s", "publish_s")
@@ -165,6 +166,7 @@ def run_throughput(settings: Settings) -> Throughput:
                 service.step()
                 if service._caught_up():
                     break
+            drain_started = time.perf_counter()
             service.drain()  # the last publication: scores visible
         finally:
             elapsed = time.perf_counter() - started
@@ -173,8 +175,12 @@ def run_throughput(settings: Settings) -> Throughput:
         logger.removeHandler(capture)
         logger.setLevel(previous_level)
     phases = {name: sum(float(b.get(name, 0.0)) for b in capture.batches) for name in PHASES}
+    # Outside the batches: idle polls, and the drain (the refresh to the tolerance and
+    # the last, uncapped publication).
+    phases["drain_s"] = started + elapsed - drain_started
+    phases["other_s"] = elapsed - sum(phases.values())
     return Throughput(elapsed, service.stats.events, service.stats.link_changes,
-                      service.stats.batches, phases, capture.publications)
+                      service.stats.batches, phases, capture.publications, capture.batches)
 
 
 def kafka_floor(settings: Settings, records: int) -> float:
@@ -354,7 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="keep the topic and keys")
     parser.add_argument("--consumer-log", default="bench_pipeline_consumer.log",
-                        help="JSON log of the latency phase's consumer process")
+                        help="JSON log of the latency phase's consumer process (the "
+                             "throughput phase's batch and publication records go to "
+                             "PATH.throughput)")
     args = parser.parse_args(argv)
 
     base = load_settings()
@@ -384,6 +392,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run_throughput(settings)
         say(f"throughput: {result.events:,} events, {result.link_changes:,} link changes, "
             f"{result.batches} batches in {result.seconds:.1f} s")
+        with open(f"{args.consumer_log}.throughput", "w", encoding="utf-8") as records:
+            for kind, rows in (("batch", result.batch_records),
+                              ("published", result.publications)):
+                for row in rows:
+                    records.write(json.dumps({"msg": kind, **row}, default=str) + "\n")
         batch_links = max(1, result.link_changes // max(result.batches, 1))
         bare, script = floors(client, settings, batch_links)
         kafka_records = kafka_floor(settings, len(first))

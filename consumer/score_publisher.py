@@ -246,6 +246,29 @@ class ScorePublisher:
         self._live[algorithm] = ZsetRecord(values.copy(), values != 0.0)
         self._live_known[algorithm] = True
 
+    def seed_back_buffer(self, algorithm: str) -> None:
+        """Copy the adopted live ZSET into our back buffer, inside Redis (COPY).
+
+        Without it the first publication after a restart rewrites every member into
+        an empty back buffer: on a 1.4M-page graph 2.8M members and 15 s before the
+        consumer could start. A COPY takes about a second of Redis, and the first
+        publication then writes only what moved. The back buffer is private to this
+        process, so this needs no fence; if the adopted record is wrong, the swap's
+        ZCARD check refuses it and we start over (:meth:`reset`). No-op unless
+        :meth:`adopt` was called for ``algorithm``.
+        """
+        live = self._live.get(algorithm)
+        if live is None or not self._live_known.get(algorithm, False) or not live.members():
+            return
+        back_key = self.back_key(algorithm)
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.copy(self.keys.scores(algorithm), back_key, replace=True)
+            pipe.pexpire(back_key, BACK_TTL_MS)
+            copied, _ = pipe.execute()
+        if copied:
+            self._back[algorithm] = ZsetRecord(live.values.copy(), live.present.copy())
+            self._back_dropped[algorithm] = True
+
     def prepare(self, ranks: Any, reports: Mapping[str, Any], *, version: int,
                 offsets: Mapping[str, int], capped: bool = True) -> Publication:
         """Build the publication of the engines' current ``y`` (no I/O).

@@ -35,6 +35,7 @@ Failure handling (the decisions, see docs/redis-keys.md):
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import random
@@ -271,6 +272,9 @@ class ConsumerService:
         self.publisher.reset()
         for algorithm, values in self.mirror.published.items():
             self.publisher.adopt(algorithm, values)
+            seed = functools.partial(self.publisher.seed_back_buffer, algorithm)
+            with redis_errors("copying the scores into the back buffer"):
+                self._retry("seeding the back buffer", seed)
         self.mirror.published = {}
         self._publish(self.mirror.start_reports)
         self.source = self._retry("connecting to kafka", lambda: KafkaSource(settings))
