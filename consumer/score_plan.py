@@ -14,6 +14,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# When a publication would write more than this share of a large ZSET's members, the
+# back buffer is dropped and refilled instead: members inserted into an empty ZSET in
+# ascending score order cost Redis 2.4 us each, against 7.1 us to update members in
+# ascending order and 10 us in random order (1.4M URL members, AOF on, measured on
+# this box). The drain after the 1M-page stream rewrote 2.5M members: 23 s of Redis.
+REBUILD_SHARE = 1 / 3
+REBUILD_MIN_MEMBERS = 10_000  # below this a ZSET costs too little to care
+
 
 def unwritten_within(diffs: np.ndarray, budget: float) -> np.ndarray:
     """Mask of entries that may stay unwritten: smallest first, their sum <= ``budget``.
@@ -66,11 +74,12 @@ class ZsetRecord:
 class WritePlan:
     """The changes that bring a ZSET record to ``y`` within the budget."""
 
-    add_ids: np.ndarray  # sorted ids to ZADD (with add_values)
+    add_ids: np.ndarray  # ids to ZADD, in ascending order of add_values
     add_values: np.ndarray
     remove_ids: np.ndarray  # sorted ids to ZREM
     unwritten: int  # live pages left with a stale value
     remainder: float  # ||y - zset||_1 over live pages once written
+    rebuild: bool = False  # drop the ZSET first: add_ids are then all live pages
 
 
 def plan_writes(y: np.ndarray, live: np.ndarray, record: ZsetRecord, *, threshold: float,
@@ -83,6 +92,10 @@ def plan_writes(y: np.ndarray, live: np.ndarray, record: ZsetRecord, *, threshol
     ``max_updates`` of them (the largest): that caps the Redis time of one
     publication, and what is left stays in ``remainder``, which the published
     bound includes, for the next publication to write.
+
+    Members are written in ascending score order (Redis inserts them faster), and
+    a plan that would write most of a large ZSET rewrites it whole instead
+    (``rebuild``, see :data:`REBUILD_SHARE`).
     """
     n = y.size
     record.grow(n)
@@ -104,12 +117,21 @@ def plan_writes(y: np.ndarray, live: np.ndarray, record: ZsetRecord, *, threshol
             smallest = np.argpartition(diff[updates], drop - 1)[:drop]
             add[updates[smallest]] = False
     add_ids = np.flatnonzero(add)
+    live_count = int(np.count_nonzero(live))
+    rebuild = (live_count >= REBUILD_MIN_MEMBERS
+               and add_ids.size > REBUILD_SHARE * live_count)
+    if rebuild:
+        add_ids = np.flatnonzero(live)
+        values[:] = 0.0
+        present[:] = False
     remove_ids = np.flatnonzero(present & ~live)
     add_values = y[add_ids].astype(np.float64, copy=True)
+    order = np.argsort(add_values, kind="stable")
+    add_ids, add_values = add_ids[order], add_values[order]
     values[add_ids] = add_values
     present[add_ids] = True
     values[remove_ids] = 0.0
     present[remove_ids] = False
     remainder = float(np.abs(y[live] - values[live]).sum())
     unwritten = int(np.count_nonzero(live & (values != y)))
-    return WritePlan(add_ids, add_values, remove_ids, unwritten, remainder)
+    return WritePlan(add_ids, add_values, remove_ids, unwritten, remainder, rebuild)

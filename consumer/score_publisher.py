@@ -36,7 +36,10 @@ every live page missing from it, a ZREM of every member that is no longer live,
 and the members whose value differs from ``y`` by more than ``publish_threshold``,
 largest difference first, until the unwritten rest fits the budget
 ``min(budget_fraction * tolerance * total, tolerance * total - engine bound)``,
-and at most ``max_updates`` per algorithm (setting ``publish_max_updates``). The cap
+and at most ``max_updates`` per algorithm (setting ``publish_max_updates``); members
+go in ascending score order, and a plan that would write more than a third of a
+large ZSET drops the back buffer and refills it instead, which costs Redis about a
+quarter as much per member (:data:`consumer.score_plan.REBUILD_SHARE`). The cap
 is what keeps the event-to-score latency low on a growing graph: there every page
 moves by more than the budget allows at every refresh (the graph grows by a few
 percent between publications during an initial crawl), so an uncapped publication
@@ -307,6 +310,8 @@ class ScorePublisher:
             plan = plan_writes(y, live, back, threshold=self.publish_threshold,
                                budget=budget * (1.0 - 1e-9),
                                max_updates=self.max_updates if capped else None)
+            if plan.rebuild:
+                chunks.append(Chunk("UNLINK", back_key))
             for start in range(0, plan.remove_ids.size, size):
                 chunks.append(Chunk("ZREM", back_key, plan.remove_ids[start:start + size]))
             for start in range(0, plan.add_ids.size, size):

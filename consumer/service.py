@@ -174,6 +174,12 @@ class ConsumerService:
         # decodes the next batch; publications run on another, coalesced (see process).
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graph-writer")
         self._pub_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="score-writer")
+        # The periodic status write is a fenced WATCH transaction: several round trips
+        # that queue behind whatever Redis is busy with (a 50k-link graph transaction,
+        # a publication's chunks). On the main thread that was up to 0.5 s per heartbeat,
+        # 18 s of a 112 s run on the 1M-page stream; so it runs on its own thread.
+        self._status_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="status")
+        self._status_write: Future[None] | None = None
         # The engines' kernels release the GIL, so a batch is ranked on this thread
         # while the main thread polls and decodes the next one (which touches no
         # shared state); the main thread joins it before anything else.
@@ -329,6 +335,7 @@ class ConsumerService:
         self._pub_writer.shutdown(wait=True)
         if self._holding:
             self._set_state("stopped", force=True)
+        self._status_writer.shutdown(wait=True)
         if self.source is not None:
             self.source.close(self.mirror.offsets if self.mirror is not None else None)
         if self.dlq is not None:
@@ -697,10 +704,19 @@ class ConsumerService:
             self._heartbeat(force=True)
 
     def _heartbeat(self, *, force: bool = False) -> None:
+        """Write ``P status`` (at most every ``status_interval_s`` unless forced).
+
+        A forced write (a state change) is synchronous and lands after any periodic
+        one still in flight; a periodic write runs on the status thread and is
+        skipped while the previous one is still being written.
+        """
         now = time.monotonic()
         if not self._holding:
             return
         if not force and now - self._last_status < self.options.status_interval_s:
+            return
+        in_flight = self._status_write
+        if not force and in_flight is not None and not in_flight.done():
             return
         self._last_status = now
         mirror = self.mirror
@@ -712,6 +728,14 @@ class ConsumerService:
             version=counters.version if counters else 0,
             stale_ignored=counters.stale_ignored if counters else 0,
             dlq_total=counters.dlq if counters else 0)
+        if force:
+            if in_flight is not None:
+                in_flight.result()
+            self._write_status(fields)
+        else:
+            self._status_write = self._status_writer.submit(self._write_status, fields)
+
+    def _write_status(self, fields: dict[str, str]) -> None:
         # Fenced like every other shared write: a consumer that lost its lease (and may
         # not know yet) must not overwrite the live one's status.
         try:

@@ -83,7 +83,31 @@ def test_plan_grows_the_record_for_new_ids():
     rec = ZsetRecord()
     plan = plan_writes(np.array([0.5, 0.25]), np.array([True, True]), rec, threshold=0.0,
                        budget=1.0)
-    assert plan.add_ids.tolist() == [0, 1] and rec.members() == 2
+    # Written in ascending score order: Redis inserts those faster.
+    assert plan.add_ids.tolist() == [1, 0] and plan.add_values.tolist() == [0.25, 0.5]
+    assert rec.members() == 2 and not plan.rebuild
+
+
+def test_a_plan_that_would_write_most_of_a_large_zset_rewrites_it_whole():
+    n = 30_000
+    rng = np.random.default_rng(3)
+    live = rng.random(n) < 0.9
+    y = np.where(live, rng.random(n) + 0.1, 0.0)
+    rec = ZsetRecord()
+    first = plan_writes(y, live, rec, threshold=0.0, budget=0.0)
+    assert first.rebuild and first.add_ids.size == live.sum()  # an empty ZSET
+    assert np.all(np.diff(first.add_values) >= 0) and first.remove_ids.size == 0
+    # A few moves: written as updates. Half of the pages: dropped and refilled, so
+    # the removed pages need no ZREM and the record holds exactly the live pages.
+    few = np.where(live & (rng.random(n) < 0.05), y + 1.0, y)
+    small = plan_writes(few, live, rec, threshold=0.0, budget=0.0)
+    assert not small.rebuild and small.add_ids.size < 0.1 * n
+    live2 = live & (rng.random(n) < 0.97)
+    many = np.where(live2 & (rng.random(n) < 0.5), few + 1.0, few) * live2
+    big = plan_writes(many, live2, rec, threshold=0.0, budget=0.0)
+    assert big.rebuild and big.remove_ids.size == 0 and big.remainder == 0.0
+    assert sorted(big.add_ids.tolist()) == np.flatnonzero(live2).tolist()
+    assert np.array_equal(rec.present[:n], live2) and np.array_equal(rec.values[:n], many)
 
 
 finite = st.floats(allow_nan=False, allow_infinity=False)
