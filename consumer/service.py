@@ -34,6 +34,7 @@ Failure handling (the decisions, see docs/redis-keys.md):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import gc
@@ -89,6 +90,9 @@ GC_YOUNG_THRESHOLD = 100_000
 # publication gave 119k/121k link changes/s (Redis CPU 5.2 s), 1x gave 87k/98k (7.1 s).
 # A backlog delays scores anyway; getting through it sooner is what freshens them.
 LAGGING_PUBLISH_GAP = 3.0
+# Batches decoded ahead while the engines refresh (bounded: 4 x batch_max_events
+# decoded events in memory at most).
+MAX_PREFETCH_BATCHES = 4
 
 
 def tune_garbage_collector() -> None:
@@ -184,7 +188,8 @@ class ConsumerService:
         # while the main thread polls and decodes the next one (which touches no
         # shared state); the main thread joins it before anything else.
         self._ranker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ranker")
-        self._prefetched: Fetched | None = None
+        # Batches polled and decoded ahead, oldest first (see _prefetch_during).
+        self._prefetched: collections.deque[Fetched] = collections.deque()
         # The transaction of the last batch the engines absorbed, while it may still run.
         self._uncommitted: Future[None] | None = None
         self._publishing: Future[bool] | None = None
@@ -344,13 +349,17 @@ class ConsumerService:
         self.redis.close()
 
     # -- one batch ------------------------------------------------------------------
-    def fetch(self) -> Fetched | None:
-        """Poll one batch and decode it (no shared state: runs while Redis writes)."""
+    def fetch(self, timeout_ms: int | None = None) -> Fetched | None:
+        """Poll one batch and decode it (no shared state: runs while Redis writes).
+
+        ``timeout_ms``: how long the poll may wait for records (default: the
+        ``poll_timeout_ms`` setting).
+        """
         from producer.schema import decode_event
 
+        wait_ms = self.settings.poll_timeout_ms if timeout_ms is None else timeout_ms
         try:
-            records = self._source().poll(self.settings.batch_max_events,
-                                          self.settings.poll_timeout_ms)
+            records = self._source().poll(self.settings.batch_max_events, wait_ms)
         except ServiceUnavailable as exc:
             log.warning("poll failed", extra={"fields": {"error": str(exc)[:300]}})
             self._sleep_backoff(0)
@@ -377,7 +386,7 @@ class ConsumerService:
         engines absorb N and batch N+1 is polled and decoded; while a publication
         runs, the next batches are processed. Returns the number of messages handled.
         """
-        batch, self._prefetched = self._prefetched, None
+        batch = self._prefetched.popleft() if self._prefetched else None
         try:
             if batch is None:
                 batch = self.fetch()
@@ -423,8 +432,6 @@ class ConsumerService:
         commit = self._writer.submit(self._commit, planned)
         # The engines absorb the batch while its transaction is in flight (Redis and
         # this process work in parallel); scores are published only once it committed.
-        prefetch = (not self.stop_event.is_set()
-                    and not self._would_be_caught_up(batch.next_offsets))
         full = len(batch.records) >= self.settings.batch_max_events
         refresh = self._refresh_due(full)
         ranking = self._ranker.submit(mirror.apply_planned, planned, refresh=refresh,
@@ -432,8 +439,7 @@ class ConsumerService:
                                       max_sweeps=self._batch_sweeps())
         self._uncommitted = commit
         try:
-            if prefetch:
-                self._prefetched = self.fetch()
+            self._prefetch_during(ranking, batch)
         finally:
             t_fetch = time.perf_counter()
             reports = ranking.result()  # never leave the engines running unjoined
@@ -456,6 +462,30 @@ class ConsumerService:
             "prefetch_s": round(t_fetch - t_commit, 4), "rank_s": round(t_rank - t_fetch, 4),
             "publish_s": round(done - t_rank, 4)}})
         self._heartbeat()
+
+    def _prefetch_during(self, ranking: Future[Any], current: Fetched) -> None:
+        """Poll and decode the next batch, and more while the engines still work.
+
+        Decoding is the main thread's largest cost and needs no shared state, so a
+        long refresh (about a second on a 1.4M-page graph) is used to decode up to
+        :data:`MAX_PREFETCH_BATCHES` batches ahead. Only a poll with no batch in hand
+        may wait for records; the others take what the client already holds. No
+        poll follows a batch that reaches the caught-up targets or a stop request,
+        and no poll but the first follows one that was not full (nothing waiting).
+        """
+        latest = self._prefetched[-1] if self._prefetched else current
+        first = True
+        while (len(self._prefetched) < MAX_PREFETCH_BATCHES
+               and (first or (not ranking.done()
+                              and len(latest.records) >= self.settings.batch_max_events))
+               and not self._would_be_caught_up(latest.next_offsets)
+               and not self.stop_event.is_set()):
+            # Waiting for records makes sense only with nothing decoded in hand.
+            fetched = self.fetch(timeout_ms=None if not self._prefetched else 0)
+            if fetched is None:
+                return
+            self._prefetched.append(fetched)
+            latest, first = fetched, False
 
     def _settle_commit(self) -> None:
         """Wait for the graph transaction in flight, if any (raises what it raised)."""
@@ -646,7 +676,7 @@ class ConsumerService:
         self._pending = {}  # the rebuilt mirror republishes every page
         self._unrefreshed = False
         self.publisher.reset()
-        self._prefetched = None
+        self._prefetched.clear()
         old = self._mirror()
         warm = {alg: old.ranks.scores(alg) for alg in old.start_reports}
         self.mirror = self._retry("rebuilding the mirror",
