@@ -93,6 +93,7 @@ LAGGING_PUBLISH_GAP = 3.0
 # Batches decoded ahead while the engines refresh (bounded: 4 x batch_max_events
 # decoded events in memory at most).
 MAX_PREFETCH_BATCHES = 4
+EXTRA_POLL_MS = 20
 
 
 def tune_garbage_collector() -> None:
@@ -468,24 +469,27 @@ class ConsumerService:
 
         Decoding is the main thread's largest cost and needs no shared state, so a
         long refresh (about a second on a 1.4M-page graph) is used to decode up to
-        :data:`MAX_PREFETCH_BATCHES` batches ahead. Only a poll with no batch in hand
-        may wait for records; the others take what the client already holds. No
-        poll follows a batch that reaches the caught-up targets or a stop request,
-        and no poll but the first follows one that was not full (nothing waiting).
+        :data:`MAX_PREFETCH_BATCHES` batches ahead. With no batch in hand the poll
+        waits up to ``poll_timeout_ms`` as usual; the extra polls wait at most
+        :data:`EXTRA_POLL_MS` each and stop as soon as the engines are done. No poll
+        follows a batch that reaches the caught-up targets or a stop request, and
+        no extra poll follows one that was not full (nothing is waiting).
         """
         latest = self._prefetched[-1] if self._prefetched else current
-        first = True
         while (len(self._prefetched) < MAX_PREFETCH_BATCHES
-               and (first or (not ranking.done()
-                              and len(latest.records) >= self.settings.batch_max_events))
                and not self._would_be_caught_up(latest.next_offsets)
                and not self.stop_event.is_set()):
-            # Waiting for records makes sense only with nothing decoded in hand.
-            fetched = self.fetch(timeout_ms=None if not self._prefetched else 0)
+            in_hand = bool(self._prefetched)
+            if in_hand and (ranking.done()
+                            or len(latest.records) < self.settings.batch_max_events):
+                return
+            fetched = self.fetch(timeout_ms=EXTRA_POLL_MS if in_hand else None)
             if fetched is None:
+                if in_hand:
+                    continue  # the client had nothing buffered yet; the engines still work
                 return
             self._prefetched.append(fetched)
-            latest, first = fetched, False
+            latest = fetched
 
     def _settle_commit(self) -> None:
         """Wait for the graph transaction in flight, if any (raises what it raised)."""
