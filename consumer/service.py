@@ -8,11 +8,15 @@ scores and meta once that EXEC succeeded (see :mod:`consumer.score_publisher`)
 
 Concurrency: the graph transaction runs on a writer thread while a ranker thread
 applies the same batch to the engines (compiled kernels, GIL released) and the main
-thread polls and decodes the next one (and plans it before that transaction has
-finished: see :meth:`ConsumerService.process`);
+thread polls and decodes the next one, or up to four while the engines refresh (and
+plans it before that transaction has finished: see :meth:`ConsumerService.process`);
 publications run on a second writer thread and are coalesced (batches that
 finish while one is being written join the next). A publication only ever
-covers batches whose transaction committed.
+covers batches whose transaction committed. While catching up, batches are only
+absorbed by the engines until a publication can start, and one refresh then covers
+them (:meth:`ConsumerService._refresh_due`); the refresh after a batch is capped at
+``batch_max_sweeps`` global sweeps, idle and final refreshes are not. The status
+heartbeat is written from a thread of its own.
 
 Failure handling (the decisions, see docs/redis-keys.md):
 
@@ -61,6 +65,7 @@ from consumer.mirror import Mirror, PlannedBatch
 from consumer.redis_store import connect_redis, redis_errors
 from consumer.score_publisher import Publication, ScorePublisher
 from consumer.stats import ConsumerStats, iso_now, lag_by_partition
+from consumer.status_writer import StatusWriter
 from rankstream.errors import InputError, ServiceUnavailable
 from rankstream.settings import Settings
 
@@ -172,19 +177,14 @@ class ConsumerService:
         self.mirror: Mirror | None = None
         self.source: KafkaSource | None = None
         self.dlq: DeadLetterSender | None = None
-        self._last_status = 0.0
         self._targets: dict[int, int] | None = None
         self._holding = False  # status is written only while we hold the lease
         # Graph transactions run on one writer thread (in order) while the main thread
         # decodes the next batch; publications run on another, coalesced (see process).
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graph-writer")
         self._pub_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="score-writer")
-        # The periodic status write is a fenced WATCH transaction: several round trips
-        # that queue behind whatever Redis is busy with (a 50k-link graph transaction,
-        # a publication's chunks). On the main thread that was up to 0.5 s per heartbeat,
-        # 18 s of a 112 s run on the 1M-page stream; so it runs on its own thread.
-        self._status_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="status")
-        self._status_write: Future[None] | None = None
+        self.status = StatusWriter(self.redis, self.keys.status, self.lock,
+                                   interval_s=self.options.status_interval_s)
         # The engines' kernels release the GIL, so a batch is ranked on this thread
         # while the main thread polls and decodes the next one (which touches no
         # shared state); the main thread joins it before anything else.
@@ -341,7 +341,7 @@ class ConsumerService:
         self._pub_writer.shutdown(wait=True)
         if self._holding:
             self._set_state("stopped", force=True)
-        self._status_writer.shutdown(wait=True)
+        self.status.close()
         if self.source is not None:
             self.source.close(self.mirror.offsets if self.mirror is not None else None)
         if self.dlq is not None:
@@ -738,50 +738,21 @@ class ConsumerService:
             self._heartbeat(force=True)
 
     def _heartbeat(self, *, force: bool = False) -> None:
-        """Write ``P status`` (at most every ``status_interval_s`` unless forced).
+        """Write ``P status`` if due (see :mod:`consumer.status_writer`); only while
+        we hold the lease."""
+        if self._holding:
+            self.status.heartbeat(self._status_fields, force=force)
 
-        A forced write (a state change) is synchronous and lands after any periodic
-        one still in flight; a periodic write runs on the status thread and is
-        skipped while the previous one is still being written.
-        """
-        now = time.monotonic()
-        if not self._holding:
-            return
-        if not force and now - self._last_status < self.options.status_interval_s:
-            return
-        in_flight = self._status_write
-        if not force and in_flight is not None and not in_flight.done():
-            return
-        self._last_status = now
+    def _status_fields(self) -> dict[str, str]:
         mirror = self.mirror
         if self.source is not None and mirror is not None:
             self.stats.lag = lag_by_partition(self.source.highwaters(), mirror.offsets)
         counters = mirror.counters if mirror is not None else None
-        fields = self.stats.status_fields(
+        return self.stats.status_fields(
             topic=self.settings.topic,
             version=counters.version if counters else 0,
             stale_ignored=counters.stale_ignored if counters else 0,
             dlq_total=counters.dlq if counters else 0)
-        if force:
-            if in_flight is not None:
-                in_flight.result()
-            self._write_status(fields)
-        else:
-            self._status_write = self._status_writer.submit(self._write_status, fields)
-
-    def _write_status(self, fields: dict[str, str]) -> None:
-        # Fenced like every other shared write: a consumer that lost its lease (and may
-        # not know yet) must not overwrite the live one's status.
-        try:
-            with self.lock.fenced(), self.redis.pipeline(transaction=True) as pipe:
-                self.lock.check_in(pipe, self.keys.status)
-                pipe.multi()
-                pipe.hset(self.keys.status, mapping=fields)  # type: ignore[arg-type]
-                pipe.execute()
-        except (LockLost, redis.WatchError):
-            return  # P status belongs to the lease holder
-        except redis.RedisError as exc:
-            log.warning("status write failed", extra={"fields": {"error": str(exc)[:300]}})
 
 
 def run_consumer(settings: Settings, options: ConsumeOptions | None = None, *,

@@ -134,3 +134,29 @@ def test_load_of_an_empty_prefix_is_empty(isolated, client):
     assert stored.urls == [] and stored.edge_src.size == 0 and stored.offsets == {}
     assert stored.counters == GraphCounters()
     assert np.array_equal(stored.removed, np.zeros(0, np.int32))
+
+
+def test_status_heartbeats_are_fenced_and_a_state_change_lands_last(isolated, client):
+    from consumer.status_writer import StatusWriter
+
+    keys = Keys(isolated.key_prefix)
+    lock = ConsumerLock(client, keys.lock, ttl_ms=5000)
+    lock.acquire()
+    writer = StatusWriter(client, keys.status, lock, interval_s=3600.0)
+    calls = []
+
+    def fields(state: str):
+        def make() -> dict[str, str]:
+            calls.append(state)
+            return {"state": state}
+        return make
+
+    writer.heartbeat(fields("running"))  # due (never written): on the status thread
+    writer.heartbeat(fields("skipped"))  # not due for an hour: fields never built
+    writer.heartbeat(fields("stopped"), force=True)  # synchronous, after the first
+    assert calls == ["running", "stopped"]
+    assert client.hget(keys.status, "state") == b"stopped"
+    client.set(keys.lock, b"someone else")  # the lease is gone: nothing is written
+    writer.heartbeat(fields("zombie"), force=True)
+    writer.close()
+    assert client.hget(keys.status, "state") == b"stopped"
