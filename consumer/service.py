@@ -512,17 +512,19 @@ class ConsumerService:
             return True
         if self._publishing is not None and not self._publishing.done():
             return False
-        gap = max(self.options.min_publish_interval_s,
-                  LAGGING_PUBLISH_GAP * self._last_publication_s)
-        return time.monotonic() - self._last_publication_end >= gap
+        return time.monotonic() - self._last_publication_end >= self._publish_gap(lagging=True)
+
+    def _refresh(self, *, tolerance: float | None = None, max_sweeps: int | None = None
+                 ) -> None:
+        """Refresh the engines here and now; their reports become pending."""
+        self._pending.update(self._mirror().ranks.refresh(tolerance=tolerance,
+                                                          max_sweeps=max_sweeps))
+        self._unrefreshed = False
 
     def _refresh_absorbed(self) -> None:
         """Refresh the engines if batches were absorbed since their last refresh."""
         if self._unrefreshed:
-            reports = self._mirror().ranks.refresh(tolerance=self._batch_tolerance(),
-                                                   max_sweeps=self._batch_sweeps())
-            self._pending.update(reports)
-            self._unrefreshed = False
+            self._refresh(tolerance=self._batch_tolerance(), max_sweeps=self._batch_sweeps())
 
     def _batch_sweeps(self) -> int | None:
         """The sweep cap of the refresh after a batch (see Settings.batch_max_sweeps)."""
@@ -546,8 +548,7 @@ class ConsumerService:
         self._settle_commit()
         # The last publication goes out whole and fresh: refreshed to the tolerance
         # without the batch sweep cap (cheap when the engines already are fresh).
-        self._pending.update(self._mirror().ranks.refresh())
-        self._unrefreshed = False
+        self._refresh()
         self._capped = False
         self._flush_publications()
         if self.stop_reason == "caught-up":
@@ -565,9 +566,7 @@ class ConsumerService:
         mirror = self.mirror
         if mirror is None or all(self.stats.fresh.get(a, True) for a in mirror.start_reports):
             return False
-        reports = mirror.ranks.refresh()
-        self._unrefreshed = False
-        self._pending.update(reports)
+        self._refresh()
         self._maybe_publish(force=True)  # does not wait; stats.fresh updates when it lands
         return True
 
@@ -597,10 +596,8 @@ class ConsumerService:
             self._await_publication()  # surfaces its error, if any
         if not self._pending or self._unrefreshed:
             return  # (unrefreshed: the reports do not cover the last batches)
-        gap = self.options.min_publish_interval_s
-        if self._lagging:
-            gap = max(gap, LAGGING_PUBLISH_GAP * self._last_publication_s)
-        if not force and time.monotonic() - self._last_publication_end < gap:
+        if (not force and time.monotonic() - self._last_publication_end
+                < self._publish_gap(lagging=self._lagging)):
             return
         mirror = self._mirror()
         reports, self._pending = self._pending, {}
@@ -614,6 +611,11 @@ class ConsumerService:
              for item in publication.summary if item.total > 0), default=0.0)
         self._publishing = self._pub_writer.submit(self._send_publication, publication,
                                                    self._uncommitted)
+
+    def _publish_gap(self, *, lagging: bool) -> float:
+        """The least time between the end of a publication and the next one."""
+        gap = self.options.min_publish_interval_s
+        return max(gap, LAGGING_PUBLISH_GAP * self._last_publication_s) if lagging else gap
 
     def _flush_publications(self) -> None:
         """Wait for the publication in flight, then publish what is pending and wait."""
