@@ -10,7 +10,8 @@ Concurrency: the graph transaction runs on a writer thread while a ranker thread
 applies the same batch to the engines (compiled kernels, GIL released) and the main
 thread polls and decodes the next one, or up to four while the engines refresh (and
 plans it before that transaction has finished: see :meth:`ConsumerService.process`);
-publications run on a second writer thread and are coalesced (batches that
+publications run on a second writer thread (:mod:`consumer.publishing`) and are
+coalesced (batches that
 finish while one is being written join the next). A publication only ever
 covers batches whose transaction committed. While catching up, batches are only
 absorbed by the engines until a publication can start, and one refresh then covers
@@ -62,9 +63,10 @@ from consumer.kafka_source import KafkaSource, Record, ensure_topics
 from consumer.keys import Keys
 from consumer.lock import DEFAULT_TTL_MS, ConsumerLock, LockHeld, LockLost
 from consumer.mirror import Mirror, PlannedBatch
+from consumer.publishing import Publications
 from consumer.redis_store import connect_redis, redis_errors
-from consumer.score_publisher import Publication, ScorePublisher
-from consumer.stats import ConsumerStats, iso_now, lag_by_partition
+from consumer.score_publisher import ScorePublisher
+from consumer.stats import ConsumerStats, lag_by_partition
 from consumer.status_writer import StatusWriter
 from rankstream.errors import InputError, ServiceUnavailable
 from rankstream.settings import Settings
@@ -88,13 +90,6 @@ CATCHUP_MAX_TOLERANCE = 1e-2
 # full ones over the whole mirror, per 100k events: 1.7 s of GIL-holding collector
 # in a 10 s run (measured with gc.callbacks). See tune_garbage_collector().
 GC_YOUNG_THRESHOLD = 100_000
-# While catching up, publications take a quarter of the time, not half: during an
-# initial crawl every publication adds all new pages to both score buffers, and in
-# the 100k-event bench that made ZADD Redis' largest cost (2.7 s against 1.9 s for
-# the graph transactions). Measured there, alternating: a pause of 3x the last
-# publication gave 119k/121k link changes/s (Redis CPU 5.2 s), 1x gave 87k/98k (7.1 s).
-# A backlog delays scores anyway; getting through it sooner is what freshens them.
-LAGGING_PUBLISH_GAP = 3.0
 # Batches decoded ahead while the engines refresh (bounded: 4 x batch_max_events
 # decoded events in memory at most).
 MAX_PREFETCH_BATCHES = 4
@@ -171,18 +166,17 @@ class ConsumerService:
                                         owner=self.lock.holder.token[:12],
                                         scripts=self.options.bulk_writes,
                                         max_updates=settings.publish_max_updates or None)
-        # A consumer on its way out writes its last publication whole: drain() lifts it.
-        self._capped = True
-        self._publication_lag = 0.0  # relative L1 distance of the last publication from y
+        # Publications run on a thread of their own and are coalesced (see process).
+        self.publications = Publications(self.publisher, self.stats, self._fenced, self.lock,
+                                         min_interval_s=self.options.min_publish_interval_s)
         self.mirror: Mirror | None = None
         self.source: KafkaSource | None = None
         self.dlq: DeadLetterSender | None = None
         self._targets: dict[int, int] | None = None
         self._holding = False  # status is written only while we hold the lease
         # Graph transactions run on one writer thread (in order) while the main thread
-        # decodes the next batch; publications run on another, coalesced (see process).
+        # decodes the next batch.
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graph-writer")
-        self._pub_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="score-writer")
         self.status = StatusWriter(self.redis, self.keys.status, self.lock,
                                    interval_s=self.options.status_interval_s)
         # The engines' kernels release the GIL, so a batch is ranked on this thread
@@ -193,13 +187,6 @@ class ConsumerService:
         self._prefetched: collections.deque[Fetched] = collections.deque()
         # The transaction of the last batch the engines absorbed, while it may still run.
         self._uncommitted: Future[None] | None = None
-        self._publishing: Future[bool] | None = None
-        # Latest engine report per algorithm not yet published (publications are
-        # coalesced: they always carry the engines' current y).
-        self._pending: dict[str, Any] = {}
-        self._last_sent: dict[str, Any] = {}
-        self._last_publication_end = 0.0
-        self._last_publication_s = 0.0
         self._lagging = False  # the last poll was a full batch: still catching up
         # The engines absorbed batches since their last refresh: the pending reports
         # do not cover them, so nothing may be published before the next refresh.
@@ -288,7 +275,7 @@ class ConsumerService:
             with redis_errors("copying the scores into the back buffer"):
                 self._retry("seeding the back buffer", seed)
         self.mirror.published = {}
-        self._publish(self.mirror.start_reports)
+        self.publications.publish_now(self.mirror, self.mirror.start_reports)
         self.source = self._retry("connecting to kafka", lambda: KafkaSource(settings))
         self.dlq = self._retry("connecting the dlq producer", lambda: DeadLetterSender(settings))
         partitions = self._retry("assigning partitions",
@@ -338,7 +325,7 @@ class ConsumerService:
     def shutdown(self) -> None:
         self._ranker.shutdown(wait=True)
         self._writer.shutdown(wait=True)
-        self._pub_writer.shutdown(wait=True)
+        self.publications.close()
         if self._holding:
             self._set_state("stopped", force=True)
         self.status.close()
@@ -396,7 +383,7 @@ class ConsumerService:
                 self._settle_commit()
                 self._refresh_absorbed()
                 self._maybe_publish(force=True)
-                if self._publishing is None:
+                if self.publications.idle:
                     self.refresh_if_stale()
                 self._heartbeat()
                 return 0
@@ -412,7 +399,7 @@ class ConsumerService:
         planned meanwhile, and the next call waits for it (:meth:`_settle_commit`)
         before it submits its own, so the mirror is at most two batches ahead of Redis.
         A publication prepared meanwhile waits for the transaction before it writes
-        anything (:meth:`_send_publication`), so it still only covers batches whose
+        anything (:mod:`consumer.publishing`), so it still only covers batches whose
         transaction committed.
         """
         started = time.perf_counter()
@@ -446,7 +433,7 @@ class ConsumerService:
             reports = ranking.result()  # never leave the engines running unjoined
         t_rank = time.perf_counter()
         self._unrefreshed = not refresh
-        self._pending.update(reports)
+        self.publications.pending.update(reports)
         self._lagging = full
         self._maybe_publish()
         self._source().commit_for_monitoring(batch.next_offsets)
@@ -510,15 +497,13 @@ class ConsumerService:
         """
         if not full or self.stop_event.is_set():
             return True
-        if self._publishing is not None and not self._publishing.done():
-            return False
-        return time.monotonic() - self._last_publication_end >= self._publish_gap(lagging=True)
+        return self.publications.due(lagging=True)
 
     def _refresh(self, *, tolerance: float | None = None, max_sweeps: int | None = None
                  ) -> None:
         """Refresh the engines here and now; their reports become pending."""
-        self._pending.update(self._mirror().ranks.refresh(tolerance=tolerance,
-                                                          max_sweeps=max_sweeps))
+        self.publications.pending.update(self._mirror().ranks.refresh(tolerance=tolerance,
+                                                                      max_sweeps=max_sweeps))
         self._unrefreshed = False
 
     def _refresh_absorbed(self) -> None:
@@ -532,9 +517,10 @@ class ConsumerService:
 
     def _batch_tolerance(self) -> float | None:
         """The engines' refresh target for the next batch (None: the tolerance)."""
-        if self._publication_lag <= 0.0 or not self._capped:
+        lag = self.publications.lag
+        if lag <= 0.0 or not self.publications.capped:
             return None
-        target = min(CATCHUP_SHARE * self._publication_lag, CATCHUP_MAX_TOLERANCE)
+        target = min(CATCHUP_SHARE * lag, CATCHUP_MAX_TOLERANCE)
         return target if target > self.settings.tolerance else None
 
     def _would_be_caught_up(self, next_offsets: dict[int, int]) -> bool:
@@ -549,7 +535,7 @@ class ConsumerService:
         # The last publication goes out whole and fresh: refreshed to the tolerance
         # without the batch sweep cap (cheap when the engines already are fresh).
         self._refresh()
-        self._capped = False
+        self.publications.capped = False
         self._flush_publications()
         if self.stop_reason == "caught-up":
             for _ in range(MAX_IDLE_REFRESHES):
@@ -570,61 +556,14 @@ class ConsumerService:
         self._maybe_publish(force=True)  # does not wait; stats.fresh updates when it lands
         return True
 
-    def _await_publication(self) -> None:
-        in_flight, self._publishing = self._publishing, None
-        if in_flight is not None and not in_flight.result():
-            # The swap was refused (score keys not as recorded): the publisher has
-            # reset itself; publish again (a full replacement), with newer reports.
-            self._pending = {**self._last_sent, **self._pending}
-
     def _maybe_publish(self, *, force: bool = False) -> None:
-        """Start a publication of the current scores unless one is still being written.
-
-        Coalescing: a publication carries the engines' current ``y``, so batches
-        applied while one is written are covered by the next. A publication is
-        written in small transactions that graph transactions interleave with (see
-        :mod:`consumer.score_publisher`), so it never stalls the graph; but on a
-        growing graph it rewrites most of the ZSET, which costs Redis CPU that the
-        graph needs too. While catching up (full batches) the gap after a
-        publication is at least :data:`LAGGING_PUBLISH_GAP` times as long as the
-        publication took; once caught up it is ``min_publish_interval_s``, so scores
-        follow events closely.
-        """
-        if self._publishing is not None:
-            if not self._publishing.done():
-                return
-            self._await_publication()  # surfaces its error, if any
-        if not self._pending or self._unrefreshed:
-            return  # (unrefreshed: the reports do not cover the last batches)
-        if (not force and time.monotonic() - self._last_publication_end
-                < self._publish_gap(lagging=self._lagging)):
-            return
-        mirror = self._mirror()
-        reports, self._pending = self._pending, {}
-        publication = self.publisher.prepare(mirror.ranks, reports,
-                                             version=mirror.counters.version,
-                                             offsets=mirror.offsets_fields(),
-                                             capped=self._capped)
-        self._last_sent = reports
-        self._publication_lag = max(
-            ((item.bound - float(reports[item.algorithm].bound)) / item.total
-             for item in publication.summary if item.total > 0), default=0.0)
-        self._publishing = self._pub_writer.submit(self._send_publication, publication,
-                                                   self._uncommitted)
-
-    def _publish_gap(self, *, lagging: bool) -> float:
-        """The least time between the end of a publication and the next one."""
-        gap = self.options.min_publish_interval_s
-        return max(gap, LAGGING_PUBLISH_GAP * self._last_publication_s) if lagging else gap
+        """Start a publication if one is due (see :mod:`consumer.publishing`); never
+        while the engines hold batches their pending reports do not cover."""
+        self.publications.start(self._mirror(), lagging=self._lagging, force=force,
+                                blocked=self._unrefreshed, after=self._uncommitted)
 
     def _flush_publications(self) -> None:
-        """Wait for the publication in flight, then publish what is pending and wait."""
-        self._await_publication()
-        for _ in range(3):  # again only if a swap was refused (keys deleted behind us)
-            self._maybe_publish(force=True)
-            self._await_publication()
-            if not self._pending:
-                return
+        self.publications.flush(self._mirror(), after=self._uncommitted)
 
     def _commit(self, planned: PlannedBatch) -> None:
         bulk = self.options.bulk_writes
@@ -678,10 +617,9 @@ class ConsumerService:
         with contextlib.suppress(Exception):  # whatever was in flight is void now
             self._settle_commit()
         with contextlib.suppress(Exception):
-            self._await_publication()
-        self._pending = {}  # the rebuilt mirror republishes every page
+            self.publications.wait()
+        self.publications.reset()  # the rebuilt mirror republishes every page
         self._unrefreshed = False
-        self.publisher.reset()
         self._prefetched.clear()
         old = self._mirror()
         warm = {alg: old.ranks.scores(alg) for alg in old.start_reports}
@@ -690,46 +628,8 @@ class ConsumerService:
                                                       warm=warm))
         self._committed = (self.mirror.counters.version, self.mirror.offsets_fields())
         tune_garbage_collector()
-        self._publish(self.mirror.start_reports)
+        self.publications.publish_now(self.mirror, self.mirror.start_reports)
         self._retry("seeking", lambda: self._source().seek(self._mirror().offsets))
-
-    def _publish(self, reports: dict[str, Any]) -> None:
-        """Publish ``reports`` (and anything pending) now, synchronously."""
-        self._await_publication()
-        self._pending.update(reports)
-        self._flush_publications()
-
-    def _send_publication(self, publication: Publication,
-                          after: Future[None] | None = None) -> bool:
-        """Write one publication, fenced; repeated whole after an error (idempotent).
-
-        ``after``: the graph transaction of the last batch the publication covers,
-        if it may still be running; nothing is written before it committed.
-        """
-        if after is not None:
-            after.result()
-        started = time.perf_counter()
-        publisher, lock = self.publisher, self.lock
-        swapped = self._fenced("publishing scores",
-                               lambda: publisher.send(publication, fence=lock))
-        elapsed = time.perf_counter() - started
-        self._last_publication_s = elapsed
-        self._last_publication_end = time.monotonic()
-        if not swapped:
-            log.warning("score keys changed behind our back; publishing a full replacement")
-            return False
-        self.stats.last_refresh_at = iso_now()
-        self.stats.last_refresh_seconds = elapsed
-        for item in publication.summary:
-            self.stats.bound[item.algorithm] = item.bound
-            self.stats.fresh[item.algorithm] = item.fresh
-        log.info("published", extra={"fields": {
-            "seconds": round(elapsed, 4), "chunks": len(publication.chunks),
-            "members": publication.members,
-            "written": {i.algorithm: i.written for i in publication.summary},
-            "unwritten": {i.algorithm: i.unwritten for i in publication.summary},
-            "fresh": {i.algorithm: i.fresh for i in publication.summary}}})
-        return True
 
     # -- status ---------------------------------------------------------------------
     def _set_state(self, state: str, *, force: bool = False) -> None:
