@@ -12,11 +12,11 @@ thread polls and decodes the next one, or up to four while the engines refresh (
 plans it before that transaction has finished: see :meth:`ConsumerService.process`);
 publications run on a second writer thread (:mod:`consumer.publishing`) and are
 coalesced (batches that finish while one is being written join the next). A
-publication only ever covers batches whose transaction committed. While catching up, batches are only
-absorbed by the engines until a publication can start, and one refresh then covers
-them (:meth:`ConsumerService._refresh_due`); the refresh after a batch is capped at
-``batch_max_sweeps`` global sweeps, idle and final refreshes are not. The status
-heartbeat is written from a thread of its own.
+publication only ever covers batches whose transaction committed. While catching
+up, batches are only absorbed by the engines until a publication can start, and one
+refresh then covers them (:meth:`ConsumerService._refresh_due`); the refresh after
+a batch is capped at ``batch_max_sweeps`` global sweeps, idle and final refreshes
+are not. The status heartbeat is written from a thread of its own.
 
 Failure handling (the decisions, see docs/redis-keys.md):
 
