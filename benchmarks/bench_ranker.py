@@ -221,7 +221,7 @@ def time_one_sweep(ranks: LiveRanks, algorithm: str) -> float:
         qstate = np.zeros_like(engine.qstate)
         started = time.perf_counter()
         K.sweep(engine.kind, DAMPING, 0.0, 1.0, n, y, r, g.out_start, g.out_len, g.out_nbr,
-                g.in_len, engine.si, engine.so, touched, qstate, is_touched)
+                g.in_len, engine.si, engine.so, touched, qstate, is_touched, 2**62)
         best = min(best, time.perf_counter() - started)
     return best
 

@@ -156,13 +156,13 @@ class Mirror:
                             revived, messages, dead_letters)
 
     def apply_planned(self, batch: PlannedBatch, *, refresh: bool = True,
-                      tolerance: float | None = None, max_sweeps: int | None = None
+                      tolerance: float | None = None, max_sweeps: float | None = None
                       ) -> dict[str, Any]:
         """Apply the batch to the graph and engines (while or after its EXEC runs).
 
         ``refresh``: refresh the engines afterwards and return their reports (else
         ``{}``: the batch is absorbed, and a later refresh covers it); ``tolerance``
-        and ``max_sweeps``: that refresh's target and sweep cap (default: theirs).
+        and ``max_sweeps``: that refresh's target and work cap (default: theirs).
 
         If its transaction then cannot commit (another consumer took the lease and
         wrote), the mirror no longer matches Redis: the caller rebuilds it.

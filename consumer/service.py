@@ -15,8 +15,8 @@ coalesced (batches that finish while one is being written join the next). A
 publication only ever covers batches whose transaction committed. While catching
 up, batches are only absorbed by the engines until a publication can start, and one
 refresh then covers them (:meth:`ConsumerService._refresh_due`); the refresh after
-a batch is capped at ``batch_max_sweeps`` global sweeps, idle and final refreshes
-are not. The status heartbeat is written from a thread of its own.
+a batch is capped at ``batch_max_sweeps`` sweeps' worth of work, idle and final
+refreshes are not. The status heartbeat is written from a thread of its own.
 
 Failure handling (the decisions, see docs/redis-keys.md):
 
@@ -498,7 +498,7 @@ class ConsumerService:
             return True
         return self.publications.due(lagging=True)
 
-    def _refresh(self, *, tolerance: float | None = None, max_sweeps: int | None = None
+    def _refresh(self, *, tolerance: float | None = None, max_sweeps: float | None = None
                  ) -> None:
         """Refresh the engines here and now; their reports become pending."""
         self.publications.pending.update(self._mirror().ranks.refresh(tolerance=tolerance,
@@ -510,8 +510,8 @@ class ConsumerService:
         if self._unrefreshed:
             self._refresh(tolerance=self._batch_tolerance(), max_sweeps=self._batch_sweeps())
 
-    def _batch_sweeps(self) -> int | None:
-        """The sweep cap of the refresh after a batch (see Settings.batch_max_sweeps)."""
+    def _batch_sweeps(self) -> float | None:
+        """The work cap of the refresh after a batch (see Settings.batch_max_sweeps)."""
         return self.settings.batch_max_sweeps or None
 
     def _batch_tolerance(self) -> float | None:

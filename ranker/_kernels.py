@@ -291,17 +291,20 @@ def clear_queue(queue, qstate, inq):
 
 @njit(cache=True)
 def sweep(kind, damping, eps, omega, num_nodes, y, r, out_start, out_len, out_nbr, in_len,
-          si, so, touched, qstate, is_touched):
+          si, so, touched, qstate, is_touched, max_work):
     """One (over-relaxed) Gauss-Seidel sweep: every page with ``|r[m]| > eps``, in id
     order (sequential memory access), moves ``omega * r[m]`` into ``y[m]`` (and
     ``d * M[n, m] * omega * r[m]`` into each ``r[n]``), leaving ``(1 - omega) * r[m]``:
     the invariant ``r = b + d*M*y - y`` holds for any ``omega`` (1: plain sweeps).
-    Returns ``(pushes, work, sum |r|, max |r|)``, the last two computed exactly in a
-    second pass over ``r``.
+    The sweep stops early once it has visited ``max_work`` links (the invariant
+    holds after every page). Returns ``(pushes, work, sum |r|, max |r|)``, the last
+    two computed exactly in a second pass over ``r``.
     """
     pushes = 0
     work = 0
     for m in range(num_nodes):
+        if work >= max_work:
+            break
         mass = r[m]
         if abs(mass) <= eps:
             continue

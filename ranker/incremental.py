@@ -146,7 +146,7 @@ class LiveRanks:
         return reports
 
     def apply(self, batch: EdgeBatch, *, tolerance: float | None = None,
-              max_sweeps: int | None = None) -> dict[str, RefreshReport]:
+              max_sweeps: float | None = None) -> dict[str, RefreshReport]:
         """Apply ``batch`` to the graph and refresh every algorithm incrementally.
 
         The same as :meth:`absorb` then :meth:`refresh` (see there for the arguments).
@@ -178,14 +178,15 @@ class LiveRanks:
                 engine.stale = True  # the drift guard: recomputed by the next refresh
         return applied
 
-    def refresh(self, *, tolerance: float | None = None, max_sweeps: int | None = None
+    def refresh(self, *, tolerance: float | None = None, max_sweeps: float | None = None
                 ) -> dict[str, RefreshReport]:
         """Refresh every algorithm towards its bounds; returns the reports.
 
         ``tolerance`` overrides the refresh target of this call only (a caller that
         cannot use more accuracy yet, e.g. a consumer whose published scores lag by
         more, saves the work); the reports' ``fresh`` then refers to it.
-        ``max_sweeps`` caps this call's global sweeps (a service that must publish
+        ``max_sweeps`` caps this call's global work at that many sweeps' worth of
+        link visits, largest residuals first (a service that must publish
         within a time budget); an unconverged report says so (``fresh`` false, the
         bound as reached), and a later refresh carries on from there.
         """
@@ -218,8 +219,8 @@ class LiveRanks:
         return (sorted_unique(sources).astype(np.int32), sorted_unique(targets).astype(np.int32))
 
 
-def _check_refresh_args(tolerance: float | None, max_sweeps: int | None) -> None:
+def _check_refresh_args(tolerance: float | None, max_sweeps: float | None) -> None:
     if tolerance is not None and not tolerance > 0.0:
         raise InputError(f"tolerance must be positive, got {tolerance!r}")
-    if max_sweeps is not None and max_sweeps < 1:
-        raise InputError(f"max_sweeps must be at least 1, got {max_sweeps!r}")
+    if max_sweeps is not None and not max_sweeps > 0.0:
+        raise InputError(f"max_sweeps must be positive, got {max_sweeps!r}")

@@ -68,6 +68,19 @@ SWEEP_OMEGA = {"pagerank": 1.15, "wpr": 1.0}
 # overshoot to clean up (measured up to 2.5x slower).
 SLOW_SWEEP = 0.55
 PROBE_EVERY = 64
+# A refresh with a work cap (``refresh(max_sweeps=...)``, the consumer's refresh after
+# a batch) cannot reach the tolerance on a large graph anyway, so its passes go
+# largest residuals first: the first visits only pages holding more than
+# PRIORITY_START times the mean |r|, and the threshold drops by PRIORITY_STEP each
+# time a pass finds less than PRIORITY_THIN of the links above it. Measured on the
+# 1.4M-page copying-model graph, 2,500 new pages (25k links) per batch: plain capped
+# sweeps (one per batch) left PageRank at a relative bound of 1.1e-3 after 13M link
+# visits and WPR at 9.6e-4 after 16M; prioritized passes with half a sweep of work
+# left 8.4e-4 and 8.4e-6, and with a quarter 3.9e-3 (4M visits, 0.09 s instead of
+# 0.3 s) and 4.0e-5.
+PRIORITY_START = 16.0
+PRIORITY_STEP = 4.0
+PRIORITY_THIN = 0.02
 # A WPR batch whose columns to re-weigh hold more than this share of all links is
 # absorbed by recomputing SI, SO and r from scratch instead: the column-by-column
 # re-weigh costs ~86 ns per link visit (random reads of old and new degrees, queue
@@ -255,6 +268,10 @@ class ResidualEngine:
             self.base[pages] = want
             self.l1 += float(np.abs(self.r[pages]).sum() - np.abs(old_r).sum())
             K.enqueue_pages(pages, self.queue, self.qstate, self.inq)
+            # New pages have y = 0, so their columns cost nothing to add; their first
+            # push visits their links, which is what makes the change this big (the
+            # refresh compares it with the changes that went global before).
+            self.pending_work += int(g.out_len[pages].sum())
         plan, self._plan = self._plan, None
         if self.kind == K.KIND_WPR and plan is not None and plan[2] is cols:
             sources, changed, _ = plan
@@ -372,15 +389,17 @@ class ResidualEngine:
         return rho * max(y_max, 1.0 - self.damping) / (1.0 - rho)
 
     def refresh(self, *, mode: str = "local", tolerance: float | None = None,
-                max_sweeps: int | None = None) -> RefreshReport:
+                max_sweeps: float | None = None) -> RefreshReport:
         """Push until the certified bounds hold; switch to global sweeps if not local.
 
         ``tolerance`` overrides :attr:`tolerance` for this refresh (and the report's
-        ``fresh`` refers to it); ``max_sweeps`` caps its global sweeps below
-        :attr:`max_sweeps` (the report is then honest about what was reached).
+        ``fresh`` refers to it). ``max_sweeps`` caps its global work at that many
+        sweeps' worth of link visits (a float: 0.25 is a quarter of a sweep), spent
+        on prioritized passes, largest residuals first (see ``PRIORITY_START``); the
+        report is then honest about what was reached, and counts passes as sweeps.
         """
         tol = self.tolerance if tolerance is None else float(tolerance)
-        sweep_cap = self.max_sweeps if max_sweeps is None else min(max_sweeps, self.max_sweeps)
+        capped = max_sweeps is not None
         start = time.perf_counter()
         g = self.graph
         n = g.num_ids
@@ -399,6 +418,11 @@ class ResidualEngine:
         # maximum after every pass, so an underestimate here only costs a pass.
         y_max = self.y_max
         budget = int(self.local_work * max(g.num_links, 1)) + 10_000
+        # A capped refresh's global passes may visit this many links in all.
+        global_budget = (2**62 if max_sweeps is None
+                         else int(max_sweeps * max(g.num_links, 1)) + 1)
+        global_work = 0
+        pass_eps = np.inf  # threshold of the next prioritized pass (capped refreshes)
         change = work  # link visits of the column updates: how big this change is
         if mode == "local" and change >= 0.5 * self.global_from:
             # A change of about this size went global last time: the push would only
@@ -415,8 +439,8 @@ class ResidualEngine:
         lowered = False
         # Over-relax only where plain sweeps were measured to converge slowly (see
         # SLOW_SWEEP); every PROBE_EVERY-th global refresh re-measures at omega = 1.
-        probe = self.omega != 1.0 and self._global_runs % PROBE_EVERY == 0
-        omega = self.omega if self._relax and not probe else 1.0
+        probe = not capped and self.omega != 1.0 and self._global_runs % PROBE_EVERY == 0
+        omega = self.omega if self._relax and not probe and not capped else 1.0
         global_start = 0.0
         while True:
             target, eps = self._thresholds(total, y_max, live_count, tol)
@@ -435,9 +459,15 @@ class ResidualEngine:
                 before = self.l1
                 if sweeps == 0:
                     global_start = before
-                p, w, l1, peak = K.sweep(self.kind, d, eps, omega, n, self.y, self.r,
+                    if capped:
+                        pass_eps = PRIORITY_START * before / live_count
+                threshold = max(eps, pass_eps) if capped else eps
+                p, w, l1, peak = K.sweep(self.kind, d, threshold, omega, n, self.y, self.r,
                                          *self._arrays(), self.touched, self.qstate,
-                                         self.is_touched)
+                                         self.is_touched, global_budget - global_work)
+                global_work += w
+                if capped and w < PRIORITY_THIN * g.num_links:
+                    pass_eps = threshold / PRIORITY_STEP
                 if l1 > before:
                     # Over-relaxation is only guaranteed to converge for omega below
                     # 2 / (1 + d); plain Gauss-Seidel never raises ||r||_1.
@@ -450,7 +480,7 @@ class ResidualEngine:
             target, eps = self._thresholds(total, y_max, live_count, tol)
             if l1 <= target and self._max_abs_bound(peak, y_max) <= self._max_error():
                 break
-            if mode == "global" and sweeps >= sweep_cap:
+            if mode == "global" and (sweeps >= self.max_sweeps or global_work >= global_budget):
                 break  # reported as not fresh
             if peak <= eps and l1 > target:
                 # The dust below the threshold alone exceeds the target: go finer.

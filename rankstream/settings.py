@@ -64,16 +64,19 @@ class Settings(BaseSettings):
         "graph; the rest is in the published bound and written next; 0: no cap",
     )
     max_iter: int = Field(1000, ge=1)
-    # 1, not more: on the 1M-page stream's latency phase (1.4M pages, 50k link
-    # changes/s) a cap of 1 gave event -> visible p50/p99 5.1/6.5 s, a cap of 3 gave
-    # 5.2-8.4 / 7.8-15.2 s in three runs: each sweep on that graph costs ~0.15 s per
-    # algorithm, which the consumer needs to keep up with the stream.
-    batch_max_sweeps: int = Field(
-        1, ge=0,
-        description="the consumer's global sweeps per algorithm after a batch (the scores "
+    # A cap of one sweep, not more: on the 1M-page stream's latency phase (1.4M pages,
+    # 50k link changes/s) a cap of 1 gave event -> visible p50/p99 5.1/6.5 s, a cap of
+    # 3 gave 5.2-8.4 / 7.8-15.2 s in three runs: each sweep on that graph costs
+    # ~0.15 s per algorithm, which the consumer needs to keep up with the stream.
+    # Since session 6 the capped work goes to the largest residuals first
+    # (ranker.residual.PRIORITY_START), which leaves a smaller bound for the same work.
+    batch_max_sweeps: float = Field(
+        1.0, ge=0.0,
+        description="the work of the consumer's refresh after a batch, in sweeps' worth "
+        "of link visits per algorithm, spent on the largest residuals first (the scores "
         "are then published with the bound reached; refreshes while idle go on to the "
         "tolerance); bounds the time from event to published score on large graphs; "
-        "0: no cap (max_iter)",
+        "fractions allowed; 0: no cap (max_iter)",
     )
 
     # --- Consumer --------------------------------------------------------------

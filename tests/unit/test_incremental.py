@@ -99,7 +99,7 @@ def check_bounds(ranks: LiveRanks, reports: dict[str, RefreshReport]) -> None:
 
 
 def run_scenario(size: int, edges: list[tuple[int, int]], batches: list[Step],
-                 refresh_every: int = 1, max_sweeps: int | None = None,
+                 refresh_every: int = 1, max_sweeps: float | None = None,
                  **options: object) -> LiveRanks:
     """Apply ``batches``; refresh after every ``refresh_every``-th and the last one
     (the others are only absorbed), first capped at ``max_sweeps`` if given."""
@@ -156,11 +156,11 @@ def test_edit_sequences_match_cold_reference_within_certified_bound(
 
 @SETTINGS
 @given(size=st.integers(0, 10), edges=pairs, batches=st.lists(steps, min_size=1, max_size=5),
-       refresh_every=st.integers(2, 4), max_sweeps=st.sampled_from([None, 1, 2]),
+       refresh_every=st.integers(2, 4), max_sweeps=st.sampled_from([None, 0.1, 1, 2.5]),
        local_work=st.sampled_from([0.0, 0.2]))
 def test_batches_absorbed_without_refresh_and_capped_refreshes_keep_the_guarantee(
         size: int, edges: list[tuple[int, int]], batches: list[Step], refresh_every: int,
-        max_sweeps: int | None, local_work: float) -> None:
+        max_sweeps: float | None, local_work: float) -> None:
     # What a consumer catching up does: several batches per refresh, the first
     # refresh after them capped (scores published with the bound reached), later
     # ones to the tolerance; recompute_every=2 also defers the drift guard.
@@ -313,3 +313,6 @@ def test_a_per_call_tolerance_applies_to_that_refresh_only() -> None:
         assert report.fresh and report.relative_bound <= 1e-9
     with pytest.raises(InputError):
         ranks.apply(EdgeBatch(), tolerance=0.0)
+    for cap in (0, -1.0):
+        with pytest.raises(InputError):
+            ranks.refresh(max_sweeps=cap)

@@ -79,7 +79,7 @@ def test_over_relaxed_sweep_keeps_the_residual_invariant() -> None:
         engine.y[:n] += engine.r[:n] * 0.5
         engine.recompute_residual()
         K.sweep(engine.kind, engine.damping, 0.0, 1.3, n, engine.y, engine.r,
-                *engine._arrays(), engine.touched, engine.qstate, engine.is_touched)
+                *engine._arrays(), engine.touched, engine.qstate, engine.is_touched, 2**62)
         assert engine.recompute_residual() <= 1e-12
 
 
@@ -162,3 +162,55 @@ def test_parallel_pulled_residual_equals_the_reference(algorithm: str) -> None:
     np.testing.assert_allclose(pulled[:n], expected, rtol=0, atol=1e-12)
     np.testing.assert_allclose([l1, peak], [np.abs(expected).sum(), np.abs(expected).max()],
                                rtol=1e-12)
+
+
+def _new_pages_batch(ranks: LiveRanks, count: int, links: int,
+                     rng: np.random.Generator) -> EdgeBatch:
+    """``count`` new pages, each linking to ``links`` existing pages (a growing crawl)."""
+    graph = ranks.graph
+    existing = graph.num_ids
+    new = np.array([graph.intern(f"https://new{graph.num_ids}.example/{i}")
+                    for i in range(count)], dtype=np.int64)
+    return EdgeBatch(insert_src=np.repeat(new, links),
+                     insert_dst=rng.integers(0, existing, count * links))
+
+
+def test_capped_refresh_spends_at_most_its_share_of_a_sweep_and_says_so() -> None:
+    graph = copying_model_graph(20_000, 8.0, seed=51).to_linkgraph()
+    ranks = LiveRanks(graph, tolerance=1e-9, local_work=0.0)
+    ranks.cold_start()
+    rng = np.random.default_rng(52)
+    ranks.absorb(_new_pages_batch(ranks, 500, 10, rng))
+    pending = {name: engine.pending_work for name, engine in ranks.engines.items()}
+    capped = ranks.refresh(max_sweeps=0.25)
+    widest = int(graph.out_len[: graph.num_ids].max())
+    for name, report in capped.items():
+        assert not report.fresh and report.relative_bound > 1e-9
+        # The column updates, the local push's floor budget (local_work=0), then a
+        # quarter of a sweep of link visits; a pass stops after the page that crosses it.
+        assert report.work - pending[name] <= 10_000 + widest + 0.25 * graph.num_links + widest
+        error = np.abs(exact(ranks, name) - ranks.scores(name)[: graph.num_ids]).sum()
+        assert error <= report.bound
+    after = ranks.refresh()
+    for name, report in after.items():
+        assert report.fresh
+        error = np.abs(exact(ranks, name) - ranks.scores(name)[: graph.num_ids]).sum()
+        assert error <= report.bound <= 1e-9 * report.total
+
+
+def test_new_pages_count_as_change_so_a_growing_crawl_goes_global_at_once() -> None:
+    # A new page has y = 0, so adding its column visits nothing; its links are still
+    # what the refresh must push through. Counted as change, a batch of new pages
+    # about as large as one that went global goes global without a local push.
+    graph = copying_model_graph(3000, 8.0, seed=53).to_linkgraph()
+    ranks = LiveRanks(graph, algorithms=("pagerank",), tolerance=1e-9, local_work=0.05)
+    ranks.cold_start()
+    engine = ranks.engines["pagerank"]
+    rng = np.random.default_rng(54)
+    first = ranks.apply(_new_pages_batch(ranks, 300, 10, rng))["pagerank"]
+    assert first.mode == "global" and first.fresh
+    bar = engine.global_from
+    assert bar >= 2500  # about the 300 pages' 3,000 links, not zero
+    second = ranks.apply(_new_pages_batch(ranks, 300, 10, rng))["pagerank"]
+    assert second.mode == "global" and second.fresh
+    assert engine.global_from > bar  # no push budget burnt first
