@@ -51,6 +51,17 @@ def lag_by_partition(ends: Mapping[int, int], positions: Mapping[int, int]) -> d
     return {p: max(0, int(end) - int(positions.get(p, 0))) for p, end in ends.items()}
 
 
+def catching_up(messages: int, batch_max: int, ends: Mapping[int, int],
+                positions: Mapping[int, int]) -> bool:
+    """Is a consumer that just polled ``messages`` still catching up?
+
+    Yes if the batch was full, or if at least a full batch waits beyond
+    ``positions`` (``ends``: the log-end offsets the last fetches reported). A poll
+    returns a short batch at a fetch-buffer boundary even far behind.
+    """
+    return messages >= batch_max or sum(lag_by_partition(ends, positions).values()) >= batch_max
+
+
 @dataclass
 class ConsumerStats:
     """Counters the loop updates; :meth:`status_fields` renders them for Redis."""

@@ -11,7 +11,7 @@ from consumer.jsonlog import JsonFormatter, safe_address
 from consumer.kafka_source import Record
 from consumer.lock import Holder
 from consumer.score_publisher import is_fresh, meta_fields
-from consumer.stats import ConsumerStats, RateMeter, lag_by_partition
+from consumer.stats import ConsumerStats, RateMeter, catching_up, lag_by_partition
 
 
 def test_holder_round_trips_and_tolerates_garbage():
@@ -66,6 +66,11 @@ def test_safe_address_drops_credentials():
 
 def test_lag_and_rates():
     assert lag_by_partition({0: 10, 1: 5}, {0: 7}) == {0: 3, 1: 5}
+    # A full batch, or a short one (a fetch-buffer boundary) with a full batch waiting.
+    assert catching_up(100, 100, {}, {})
+    assert catching_up(40, 100, {0: 1000, 1: 60}, {0: 950, 1: 0})
+    assert not catching_up(40, 100, {0: 1000, 1: 60}, {0: 990, 1: 0})
+    assert not catching_up(40, 100, {}, {0: 5})  # nothing fetched yet: no known backlog
     meter = RateMeter(window_s=10.0)
     meter.add(100, now=0.0)
     meter.add(100, now=2.0)
