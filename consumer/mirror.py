@@ -57,6 +57,10 @@ class Mirror:
     # What the live score ZSETs held at load (by id, 0 = absent), so the publisher
     # need not rewrite them from scratch; empty when loaded with another warm start.
     published: dict[str, np.ndarray] = field(default_factory=dict)
+    # Live flags of the ids the engines have absorbed, as of the last absorb: what a
+    # publication covers. The next batch is planned (new URLs interned, removed pages
+    # revived) while the engines refresh, and none of that is committed yet.
+    absorbed_live: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     @property
     def graph(self) -> Any:
@@ -112,7 +116,7 @@ class Mirror:
         return cls(ranks=ranks, applier=EventApplier(graph, last_ts), removed_flag=removed_flag,
                    counters=counters, offsets=dict(stored.offsets), topic=settings.topic,
                    load_seconds=time.perf_counter() - started, start_reports=reports,
-                   published=published)
+                   published=published, absorbed_live=graph.live_mask())
 
     def plan(self, events: Sequence[Any], partition_offsets: Mapping[int, int],
              messages: int, dead_letters: int) -> PlannedBatch:
@@ -167,21 +171,29 @@ class Mirror:
         If its transaction then cannot commit (another consumer took the lease and
         wrote), the mirror no longer matches Redis: the caller rebuilds it.
         """
+        self.absorb_planned(batch)
+        return self.ranks.refresh(tolerance=tolerance, max_sweeps=max_sweeps) if refresh else {}
+
+    def absorb_planned(self, batch: PlannedBatch) -> None:
+        """:meth:`apply_planned` without the refresh: the graph, the engines' residuals,
+        the counters and offsets all reflect the batch; ``y`` waits for a refresh.
+
+        Once this returns, the next batch may be planned (:meth:`plan` only reads the
+        graph and interns) while the engines refresh on another thread.
+        """
         n = self.graph.num_ids
         if n > len(self.removed_flag):
             self.removed_flag = np.concatenate(
                 [self.removed_flag, np.zeros(n - len(self.removed_flag), dtype=bool)])
         self.removed_flag[batch.revived_ids] = False
         self.ranks.absorb(batch.applied.batch)
-        reports: dict[str, Any] = (
-            self.ranks.refresh(tolerance=tolerance, max_sweeps=max_sweeps) if refresh else {})
         self.removed_flag[batch.removed_ids] = True
+        self.absorbed_live = self.graph.live_mask()
         self.counters = batch.write.counters
         self.offsets.update(batch.partition_offsets)
         if self.graph.num_links != self.counters.links:
             log.error("link count of the mirror differs from the planned one", extra={
                 "fields": {"mirror": int(self.graph.num_links), "planned": self.counters.links}})
-        return reports
 
     def offsets_fields(self) -> dict[str, int]:
         """``P offsets`` as published in meta (topic:partition -> next offset)."""

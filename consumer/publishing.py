@@ -115,7 +115,7 @@ class Publications:
         publication = self.publisher.prepare(mirror.ranks, reports,
                                              version=mirror.counters.version,
                                              offsets=mirror.offsets_fields(),
-                                             capped=self.capped)
+                                             capped=self.capped, live=mirror.absorbed_live)
         self._last_sent = reports
         self.lag = max(((item.bound - float(reports[item.algorithm].bound)) / item.total
                         for item in publication.summary if item.total > 0), default=0.0)

@@ -273,19 +273,23 @@ class ScorePublisher:
             self._back_dropped[algorithm] = True
 
     def prepare(self, ranks: Any, reports: Mapping[str, Any], *, version: int,
-                offsets: Mapping[str, int], capped: bool = True) -> Publication:
+                offsets: Mapping[str, int], capped: bool = True,
+                live: np.ndarray | None = None) -> Publication:
         """Build the publication of the engines' current ``y`` (no I/O).
 
         ``capped``: at most ``max_updates`` value updates per algorithm (the largest
-        moves); False writes every move the budget does not cover.
+        moves); False writes every move the budget does not cover. ``live``: the live
+        flags of the ids to publish (default: the graph's now); ids beyond it (interned
+        by a batch not absorbed yet) are left out.
 
         Updates the record of the back buffer as if the chunks were written: if they
         are not (the lease was lost), the caller must :meth:`reset`.
         """
         graph = ranks.graph
-        n = graph.num_ids
+        if live is None:
+            live = graph.live_mask()
+        n = live.size
         self.urls.sync(graph.key_of, n)
-        live = graph.live_mask()[:n]
         pages = int(live.sum())
         now = iso_now()
         publication_id = uuid.uuid4().hex[:16]

@@ -186,6 +186,8 @@ class ConsumerService:
         self._prefetched: collections.deque[Fetched] = collections.deque()
         # The transaction of the last batch the engines absorbed, while it may still run.
         self._uncommitted: Future[None] | None = None
+        # The refresh after the last batch, while it may still run (see process).
+        self._refreshing: Future[dict[str, Any]] | None = None
         self._lagging = False  # after the last batch a full one was waiting: catching up
         # The engines absorbed batches since their last refresh: the pending reports
         # do not cover them, so nothing may be published before the next refresh.
@@ -379,6 +381,7 @@ class ConsumerService:
                 batch = self.fetch()
             if batch is None:
                 # Idle: publish what is pending now (without waiting for it).
+                self._collect_refresh()
                 self._settle_commit()
                 self._refresh_absorbed()
                 self._maybe_publish(force=True)
@@ -403,6 +406,8 @@ class ConsumerService:
         """
         started = time.perf_counter()
         mirror = self._mirror()
+        # Planning only reads the graph (and interns new URLs), so it runs while the
+        # engines still refresh after the previous batch.
         planned = mirror.plan(batch.events, batch.next_offsets, len(batch.records),
                               len(batch.letters))
         t_plan = time.perf_counter()
@@ -413,6 +418,13 @@ class ConsumerService:
             self._retry("sending dead letters", lambda: dlq.send(letters))
             self.stats.dlq_sent += len(letters)
         t_sent = time.perf_counter()
+        # The previous batch's refresh: its reports, and a publication if one is due,
+        # before the engines take this batch (decoding ahead while it runs).
+        if self._refreshing is not None:
+            self._prefetch_during(self._refreshing, batch)
+        self._collect_refresh()
+        self._maybe_publish()
+        t_refreshed = time.perf_counter()
         # The previous batch's transaction ran while this one was planned.
         self._settle_commit()
         t_commit = time.perf_counter()
@@ -421,20 +433,21 @@ class ConsumerService:
         # this process work in parallel); scores are published only once it committed.
         full = self._catching_up(batch)
         refresh = self._refresh_due(full, last=self._would_be_caught_up(batch.next_offsets))
-        ranking = self._ranker.submit(mirror.apply_planned, planned, refresh=refresh,
-                                      tolerance=self._batch_tolerance(),
-                                      max_sweeps=self._batch_sweeps())
+        absorbing = self._ranker.submit(mirror.absorb_planned, planned)
+        refreshing = (self._ranker.submit(mirror.ranks.refresh,
+                                          tolerance=self._batch_tolerance(),
+                                          max_sweeps=self._batch_sweeps())
+                      if refresh else None)
         self._uncommitted = commit
+        self._refreshing = refreshing
+        self._unrefreshed = not refresh
+        self._lagging = full
         try:
-            self._prefetch_during(ranking, batch)
+            self._prefetch_during(absorbing, batch)
         finally:
             t_fetch = time.perf_counter()
-            reports = ranking.result()  # never leave the engines running unjoined
+            absorbing.result()  # never leave the graph changing unjoined
         t_rank = time.perf_counter()
-        self._unrefreshed = not refresh
-        self.publications.pending.update(reports)
-        self._lagging = full
-        self._maybe_publish()
         self._source().commit_for_monitoring(batch.next_offsets)
         done = time.perf_counter()
         self.stats.record_batch(len(batch.records), planned.write.link_changes, done - started)
@@ -442,15 +455,31 @@ class ConsumerService:
             "messages": len(batch.records), "dead_letters": len(batch.letters),
             "link_changes": planned.write.link_changes, "version": mirror.counters.version,
             "refreshed": refresh,
-            "moved": {a: int(r.moved_ids.size) for a, r in reports.items()},
-            "modes": {a: str(r.mode) for a, r in reports.items()},
-            "refresh_s": {a: round(float(r.seconds), 4) for a, r in reports.items()},
-            "relative_bound": {a: float(f"{r.relative_bound:.3g}") for a, r in reports.items()},
             "plan_s": round(t_plan - started, 4), "dlq_s": round(t_sent - t_plan, 4),
-            "wait_commit_s": round(t_commit - t_sent, 4),
+            "refresh_wait_s": round(t_refreshed - t_sent, 4),
+            "wait_commit_s": round(t_commit - t_refreshed, 4),
             "prefetch_s": round(t_fetch - t_commit, 4), "rank_s": round(t_rank - t_fetch, 4),
             "publish_s": round(done - t_rank, 4)}})
         self._heartbeat()
+
+    def _collect_refresh(self) -> None:
+        """Wait for the refresh still running after the last batch; its reports become
+        pending (published by the next :meth:`_maybe_publish` that is due).
+
+        Anything that reads the engines or changes the graph calls this first: the
+        refresh runs on the ranker thread while the main thread plans the next batch.
+        """
+        refreshing, self._refreshing = self._refreshing, None
+        if refreshing is None:
+            return
+        reports = refreshing.result()
+        self.publications.pending.update(reports)
+        log.info("refreshed", extra={"fields": {
+            "version": self._mirror().counters.version,
+            "moved": {a: int(r.moved_ids.size) for a, r in reports.items()},
+            "modes": {a: str(r.mode) for a, r in reports.items()},
+            "refresh_s": {a: round(float(r.seconds), 4) for a, r in reports.items()},
+            "relative_bound": {a: float(f"{r.relative_bound:.3g}") for a, r in reports.items()}}})
 
     def _catching_up(self, batch: Fetched) -> bool:
         """Is a full batch still waiting after ``batch``? (:func:`consumer.stats.catching_up`)
@@ -523,6 +552,7 @@ class ConsumerService:
     def _refresh(self, *, tolerance: float | None = None, max_sweeps: float | None = None
                  ) -> None:
         """Refresh the engines here and now; their reports become pending."""
+        self._collect_refresh()
         self.publications.pending.update(self._mirror().ranks.refresh(tolerance=tolerance,
                                                                       max_sweeps=max_sweeps))
         self._unrefreshed = False
@@ -552,6 +582,7 @@ class ConsumerService:
 
     def drain(self) -> None:
         """Publish everything pending and wait for it (called before a clean exit)."""
+        self._collect_refresh()
         self._settle_commit()
         # The last publication goes out whole and fresh: refreshed to the tolerance
         # without the batch sweep cap (cheap when the engines already are fresh).
@@ -581,7 +612,8 @@ class ConsumerService:
         """Start a publication if one is due (see :mod:`consumer.publishing`); never
         while the engines hold batches their pending reports do not cover."""
         self.publications.start(self._mirror(), lagging=self._lagging, force=force,
-                                blocked=self._unrefreshed, after=self._uncommitted)
+                                blocked=self._unrefreshed or self._refreshing is not None,
+                                after=self._uncommitted)
 
     def _flush_publications(self) -> None:
         self.publications.flush(self._mirror(), after=self._uncommitted)
@@ -636,6 +668,9 @@ class ConsumerService:
 
     def _rebuild(self) -> None:
         with contextlib.suppress(Exception):  # whatever was in flight is void now
+            self._collect_refresh()
+        self._refreshing = None
+        with contextlib.suppress(Exception):
             self._settle_commit()
         with contextlib.suppress(Exception):
             self.publications.wait()

@@ -329,7 +329,7 @@ class ResidualEngine:
         n = g.num_ids
         self._ensure(n)
         before = self.r[:n].copy()
-        live = g.live_mask()
+        live = g.live_mask()[:n]  # the consumer may intern more ids meanwhile
         self.base[:n] = np.where(live, 1.0 - self.damping, 0.0)
         if self.kind == K.KIND_WPR:
             K.all_sums(n, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si, self.so)
