@@ -8,9 +8,12 @@ scores and meta once that EXEC succeeded (see :mod:`consumer.score_publisher`)
 
 Concurrency: the graph transaction runs on a writer thread while a ranker thread
 applies the same batch to the engines (compiled kernels, GIL released) and the main
-thread polls and decodes the next one, or up to four while the engines refresh (and
-plans it before that transaction has finished: see :meth:`ConsumerService.process`);
-publications run on a second writer thread (:mod:`consumer.publishing`) and are
+thread polls and decodes the next one. The ranker thread then refreshes the engines
+while the main thread decodes up to four batches ahead and plans the next one
+(before that transaction has finished, and before the refresh has: planning only
+reads the graph and interns; see :meth:`ConsumerService.process`). The refresh is
+collected, and a publication started if due, before the engines take the next
+batch; publications run on a second writer thread (:mod:`consumer.publishing`) and are
 coalesced (batches that finish while one is being written join the next). A
 publication only ever covers batches whose transaction committed. While catching
 up, batches are only absorbed by the engines until a publication can start, and one
@@ -397,12 +400,15 @@ class ConsumerService:
     def process(self, batch: Fetched) -> None:
         """Dead letters, commit, apply and publish one decoded batch.
 
-        The batch's transaction is left running when this returns: the next batch is
-        planned meanwhile, and the next call waits for it (:meth:`_settle_commit`)
-        before it submits its own, so the mirror is at most two batches ahead of Redis.
-        A publication prepared meanwhile waits for the transaction before it writes
-        anything (:mod:`consumer.publishing`), so it still only covers batches whose
-        transaction committed.
+        The batch's transaction and the engines' refresh after it are left running
+        when this returns: the next batch is planned meanwhile, and the next call
+        collects the refresh (:meth:`_collect_refresh`, publishing if due) and waits
+        for the transaction (:meth:`_settle_commit`) before it submits its own, so the
+        mirror is at most two batches ahead of Redis. A publication prepared meanwhile
+        waits for the transaction before it writes anything
+        (:mod:`consumer.publishing`), so it still only covers batches whose
+        transaction committed, and it covers only the ids the engines absorbed
+        (:attr:`Mirror.absorbed_live`), not those the planned batch interned.
         """
         started = time.perf_counter()
         mirror = self._mirror()

@@ -310,3 +310,23 @@ def test_large_rewrites_drop_and_refill_the_back_buffer(isolated, client):
     # steps 1 and 4 move 80%, step 2 moves 5% but its buffer misses step 1's moves
     # too; only step 3 writes updates.
     assert rebuilt[3] == 0 and all(rebuilt[i] >= 2 for i in (0, 1, 2, 4)), rebuilt
+
+
+def test_ids_interned_after_the_absorb_are_not_published(isolated, client):
+    # The consumer plans the next batch (interning its new URLs) while the engines
+    # refresh; a publication then covers only the ids the engines had absorbed.
+    keys = Keys(isolated.key_prefix)
+    publisher = ScorePublisher(client, keys, damping=0.85, tolerance=1e-4,
+                               publish_threshold=1e-10, owner="a")
+    urls = [f"https://site.example.org/{i}" for i in range(6)]
+    graph = FakeGraph(urls, np.ones(6, dtype=bool))
+    y = np.array([0.5, 1.0, 1.5, 2.0, 0.0, 0.0])  # ids 4 and 5: interned, not absorbed
+    ranks = FakeRanks(graph, {"pagerank": y})
+    reports = {"pagerank": Report(bound=0.0, total=5.0)}
+    absorbed = np.ones(4, dtype=bool)
+    absorbed[2] = False  # removed as of the absorb, revived by the planned batch
+    publication = publisher.prepare(ranks, reports, version=1, offsets={}, live=absorbed)
+    assert publisher.send(publication)
+    members = {m.decode(): s for m, s in client.zrange(keys.scores("pagerank"), 0, -1,
+                                                        withscores=True)}
+    assert members == {urls[0]: 0.5, urls[1]: 1.0, urls[3]: 2.0}
