@@ -64,14 +64,18 @@ class Settings(BaseSettings):
         "graph; the rest is in the published bound and written next; 0: no cap",
     )
     max_iter: int = Field(1000, ge=1)
-    # A cap of one sweep, not more: on the 1M-page stream's latency phase (1.4M pages,
-    # 50k link changes/s) a cap of 1 gave event -> visible p50/p99 5.1/6.5 s, a cap of
-    # 3 gave 5.2-8.4 / 7.8-15.2 s in three runs: each sweep on that graph costs
-    # ~0.15 s per algorithm, which the consumer needs to keep up with the stream.
-    # Since session 6 the capped work goes to the largest residuals first
-    # (ranker.residual.PRIORITY_START), which leaves a smaller bound for the same work.
+    # A quarter of a sweep. Session 5 measured that more sweeps per batch did not pay: on
+    # the 1M-page stream's latency phase (1.4M pages, 50k link changes/s) a cap of 1
+    # gave event -> visible p50/p99 5.1/6.5 s, a cap of 3 gave 5.2-8.4 / 7.8-15.2 s.
+    # Session 6 spends the capped work on the largest residuals first
+    # (ranker.residual.PRIORITY_START); on 1.4M pages with 25k new links per batch a
+    # quarter of a sweep refreshes both algorithms in 0.52-0.63 s per batch against
+    # 1.1 s for a whole one, leaving a PageRank bound of 3-7e-3 relative against
+    # ~1e-3. In the pipeline that bound stays below what the publication cap leaves
+    # unwritten (published bounds ~5e-2 either way), and p50/p99 went from 3.2/4.7 s
+    # (cap 1) to 2.8/3.7 s (cap 0.25). Idle and final refreshes are not capped.
     batch_max_sweeps: float = Field(
-        1.0, ge=0.0,
+        0.25, ge=0.0,
         description="the work of the consumer's refresh after a batch, in sweeps' worth "
         "of link visits per algorithm, spent on the largest residuals first (the scores "
         "are then published with the bound reached; refreshes while idle go on to the "
