@@ -73,11 +73,11 @@ PROBE_EVERY = 64
 # largest residuals first: the first visits only pages holding more than
 # PRIORITY_START times the mean |r|, and the threshold drops by PRIORITY_STEP each
 # time a pass finds less than PRIORITY_THIN of the links above it. Measured on the
-# 1.4M-page copying-model graph, 2,500 new pages (25k links) per batch: plain capped
-# sweeps (one per batch) left PageRank at a relative bound of 1.1e-3 after 13M link
-# visits and WPR at 9.6e-4 after 16M; prioritized passes with half a sweep of work
-# left 8.4e-4 and 8.4e-6, and with a quarter 3.9e-3 (4M visits, 0.09 s instead of
-# 0.3 s) and 4.0e-5.
+# 1.4M-page copying-model graph, 2,500 new pages (25k links) per batch, both
+# algorithms refreshed after each of 16 batches: one plain sweep each left PageRank
+# at a relative bound of 1.1e-3 and WPR at 9.5e-4; one sweep's worth of prioritized
+# passes left 7.7e-4 and 8e-7 (1.15 s per batch), half a sweep's worth 2.3e-3 and
+# 2.6e-5 (0.69 s), a quarter 5.3-6.5e-3 and 1.5e-4 (0.55 s; docs/benchmarks.md).
 PRIORITY_START = 16.0
 PRIORITY_STEP = 4.0
 PRIORITY_THIN = 0.02

@@ -69,11 +69,11 @@ class Settings(BaseSettings):
     # gave event -> visible p50/p99 5.1/6.5 s, a cap of 3 gave 5.2-8.4 / 7.8-15.2 s.
     # Session 6 spends the capped work on the largest residuals first
     # (ranker.residual.PRIORITY_START); on 1.4M pages with 25k new links per batch a
-    # quarter of a sweep refreshes both algorithms in 0.52-0.63 s per batch against
-    # 1.1 s for a whole one, leaving a PageRank bound of 3-7e-3 relative against
-    # ~1e-3. In the pipeline that bound stays below what the publication cap leaves
-    # unwritten (published bounds ~5e-2 either way), and p50/p99 went from 3.2/4.7 s
-    # (cap 1) to 2.8/3.7 s (cap 0.25). Idle and final refreshes are not capped.
+    # quarter of a sweep refreshes both algorithms in 0.55 s per batch against 1.15 s
+    # for a whole one, leaving a PageRank bound of 5-7e-3 relative against 8e-4. In
+    # the pipeline that bound stays below what the publication cap leaves unwritten
+    # (published bounds ~5e-2 either way), and p50/p99 went from 3.2/4.7 s (cap 1) to
+    # 2.8-3.3 / 3.7-4.0 s (cap 0.25, two runs). Idle and final refreshes are uncapped.
     batch_max_sweeps: float = Field(
         0.25, ge=0.0,
         description="the work of the consumer's refresh after a batch, in sweeps' worth "
