@@ -159,27 +159,15 @@ class Mirror:
         return PlannedBatch(write, applied, dict(partition_offsets), planned.removed_ids,
                             revived, messages, dead_letters)
 
-    def apply_planned(self, batch: PlannedBatch, *, refresh: bool = True,
-                      tolerance: float | None = None, max_sweeps: float | None = None
-                      ) -> dict[str, Any]:
-        """Apply the batch to the graph and engines (while or after its EXEC runs).
-
-        ``refresh``: refresh the engines afterwards and return their reports (else
-        ``{}``: the batch is absorbed, and a later refresh covers it); ``tolerance``
-        and ``max_sweeps``: that refresh's target and work cap (default: theirs).
-
-        If its transaction then cannot commit (another consumer took the lease and
-        wrote), the mirror no longer matches Redis: the caller rebuilds it.
-        """
-        self.absorb_planned(batch)
-        return self.ranks.refresh(tolerance=tolerance, max_sweeps=max_sweeps) if refresh else {}
-
     def absorb_planned(self, batch: PlannedBatch) -> None:
-        """:meth:`apply_planned` without the refresh: the graph, the engines' residuals,
-        the counters and offsets all reflect the batch; ``y`` waits for a refresh.
+        """Apply the batch to the graph and engines (while or after its EXEC runs): the
+        graph, the engines' residuals, the counters and offsets all reflect the batch;
+        ``y`` waits for a refresh (``ranks.refresh``).
 
         Once this returns, the next batch may be planned (:meth:`plan` only reads the
-        graph and interns) while the engines refresh on another thread.
+        graph and interns) while the engines refresh on another thread. If the batch's
+        transaction then cannot commit (another consumer took the lease and wrote),
+        the mirror no longer matches Redis: the caller rebuilds it.
         """
         n = self.graph.num_ids
         if n > len(self.removed_flag):

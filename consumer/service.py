@@ -588,7 +588,6 @@ class ConsumerService:
 
     def drain(self) -> None:
         """Publish everything pending and wait for it (called before a clean exit)."""
-        self._collect_refresh()
         self._settle_commit()
         # The last publication goes out whole and fresh: refreshed to the tolerance
         # without the batch sweep cap (cheap when the engines already are fresh).
@@ -675,7 +674,6 @@ class ConsumerService:
     def _rebuild(self) -> None:
         with contextlib.suppress(Exception):  # whatever was in flight is void now
             self._collect_refresh()
-        self._refreshing = None
         with contextlib.suppress(Exception):
             self._settle_commit()
         with contextlib.suppress(Exception):
