@@ -321,10 +321,7 @@ class ConsumerService:
         return 0
 
     def _caught_up(self) -> bool:
-        if self._targets is None:
-            return False
-        positions = self._mirror().offsets
-        return all(positions.get(p, 0) >= end for p, end in self._targets.items() if end > 0)
+        return self._would_be_caught_up({})
 
     def shutdown(self) -> None:
         self._ranker.shutdown(wait=True)
@@ -495,9 +492,8 @@ class ConsumerService:
         without the catching-up pace: there, publications that each rewrote most of a
         growing ZSET ran back to back, 53 s of the first 74 s of Redis time.
         """
-        positions = {**self._mirror().offsets, **batch.next_offsets}
         return catching_up(len(batch.records), self.settings.batch_max_events,
-                           self._source().highwaters(), positions)
+                           self._source().highwaters(), self._positions_after(batch.next_offsets))
 
     def _prefetch_during(self, ranking: Future[Any], current: Fetched) -> None:
         """Poll and decode the next batch, and more while the engines still work.
@@ -580,11 +576,15 @@ class ConsumerService:
         target = min(CATCHUP_SHARE * lag, CATCHUP_MAX_TOLERANCE)
         return target if target > self.settings.tolerance else None
 
+    def _positions_after(self, next_offsets: dict[int, int]) -> dict[int, int]:
+        """Next offset per partition once a batch ending at ``next_offsets`` is applied."""
+        return {**self._mirror().offsets, **next_offsets}
+
     def _would_be_caught_up(self, next_offsets: dict[int, int]) -> bool:
         if self._targets is None:
             return False
-        merged = {**self._mirror().offsets, **next_offsets}
-        return all(merged.get(p, 0) >= end for p, end in self._targets.items() if end > 0)
+        positions = self._positions_after(next_offsets)
+        return all(positions.get(p, 0) >= end for p, end in self._targets.items() if end > 0)
 
     def drain(self) -> None:
         """Publish everything pending and wait for it (called before a clean exit)."""
