@@ -48,6 +48,7 @@ import gc
 import logging
 import random
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -96,6 +97,15 @@ GC_YOUNG_THRESHOLD = 100_000
 # decoded events in memory at most).
 MAX_PREFETCH_BATCHES = 4
 EXTRA_POLL_MS = 20
+# A refresh on the ranker thread is a chain of GIL-free kernels joined by short Python
+# steps, and each step must win the GIL back from the main thread, which decodes and
+# plans in pure Python meanwhile. CPython hands the GIL over only after the switch
+# interval (5 ms by default), so a refresh of a few dozen steps waited ~0.4 s per
+# batch: measured on 1M pages, a quarter-sweep refresh of both engines beside a busy
+# Python thread took 0.82-0.86 s instead of 0.41 s alone, and 0.47-0.61 s at 0.5 ms.
+# In the 1M-page pipeline bench, two runs back to back: p99 event -> visible score
+# 5.3 s at 5 ms, 4.6 s at 0.5 ms; throughput the same (81.6k, 80.6k link changes/s).
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def tune_garbage_collector() -> None:
@@ -110,6 +120,15 @@ def tune_garbage_collector() -> None:
     """
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+
+
+def tune_gil_switching() -> None:
+    """Let the ranker thread win the GIL back quickly (see GIL_SWITCH_INTERVAL_S).
+
+    Process-wide, like :func:`tune_garbage_collector`; never loosens a tighter
+    interval someone else set.
+    """
+    sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
 
 
 @dataclass(frozen=True)
@@ -270,6 +289,7 @@ class ConsumerService:
         self.mirror = self._retry("loading the mirror",
                                   lambda: Mirror.load(self.redis, self.keys, settings))
         tune_garbage_collector()
+        tune_gil_switching()
         self.stats.load_seconds = self.mirror.load_seconds
         self._committed = (self.mirror.counters.version, self.mirror.offsets_fields())
         self.publisher.reset()
