@@ -175,7 +175,11 @@ class LiveRanks:
         for name, engine in self.engines.items():
             engine.absorb(cols[name], applied)
             if self.batches % self.recompute_every == 0:
-                engine.stale = True  # the drift guard: recomputed by the next refresh
+                # The drift guard: recomputed by the next refresh. WPR's sums are
+                # integers, kept exactly (ResidualEngine.sums_exact); re-summing them
+                # here too costs little and checks nothing can drift there either.
+                engine.stale = True
+                engine.sums_exact = False
         return applied
 
     def refresh(self, *, tolerance: float | None = None, max_sweeps: float | None = None

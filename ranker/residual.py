@@ -177,6 +177,9 @@ class ResidualEngine:
         # r is not maintained until the next refresh recomputes it (a whole-graph absorb
         # was deferred): column updates meanwhile would be thrown away, so they are skipped.
         self.stale = False
+        # WPR's SI and SO match the graph. Every batch keeps them so, stale or not
+        # (see _keep_sums), so a recomputation of r does not have to re-sum them all.
+        self.sums_exact = False
         self.eps_scale = 1.0  # push threshold in units of its floor (adapted per refresh)
         self.total = 0.0
         self.y_max = 0.0
@@ -222,9 +225,13 @@ class ResidualEngine:
         g = self.graph
         # Pages interned since the last batch may have ids beyond our arrays.
         self._ensure(g.num_ids)
-        if self.kind == K.KIND_PAGERANK or self.stale:
+        if self.kind == K.KIND_PAGERANK:
             return sources
         ends = np.concatenate([sources, targets]).astype(np.int32)
+        if self.stale:
+            # r waits for the next refresh's recomputation; only SI and SO are kept.
+            self._plan = (sorted_unique(sources).astype(np.int32), sorted_unique(ends), sources)
+            return sources
         cols = GK.union_with_rows(sources, ends, g.in_start, g.in_len, g.in_nbr, self.is_marked)
         # Remembered for retract/absorb: only the sources' out-rows change; the
         # other columns are re-weighed in one pass after the change.
@@ -235,15 +242,15 @@ class ResidualEngine:
         """Subtract the current contribution of ``cols`` (before the graph changes)."""
         g = self.graph
         self._ensure(g.num_ids)
-        if self.stale:
-            return
         plan = self._plan
         if plan is None or plan[2] is not cols:
             self._plan = None
-            self._add_columns(cols, -1.0)
+            if not self.stale:
+                self._add_columns(cols, -1.0)
             return
         sources, changed, _ = plan
-        self._add_columns(sources, -1.0)
+        if not self.stale:
+            self._add_columns(sources, -1.0)
         self.is_source[sources] = True
         self.prev_in[changed] = g.in_len[changed]
         self.prev_out[changed] = g.out_len[changed]
@@ -255,6 +262,7 @@ class ResidualEngine:
         self._ensure(g.num_ids)
         live = g.live_mask()
         if self.stale:
+            self._keep_sums(cols)
             self._forget_removed(applied.removed_pages, live)
             self.pending_work += int(FULL_RESIDUAL_SHARE * g.num_links)
             return
@@ -284,6 +292,8 @@ class ResidualEngine:
                 # without one in between (see LiveRanks.absorb) share it.
                 self.stale = True
                 self.pending_work += reweigh
+                self._plan = plan
+                self._keep_sums(cols)
             else:
                 K.update_sums(sources, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si,
                               self.so)
@@ -295,14 +305,37 @@ class ResidualEngine:
                     self.qstate, self.inq)
                 self.pending_work += work
                 self.l1 += dl1
-            self.is_source[sources] = False
-            self.has_prev[changed] = False
+                self.is_source[sources] = False
+                self.has_prev[changed] = False
         else:
             if self.kind == K.KIND_WPR:
                 K.update_sums(cols, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si,
                               self.so)
             self._add_columns(cols, 1.0)
         self._forget_removed(applied.removed_pages, live)
+
+    def _keep_sums(self, cols: np.ndarray) -> None:
+        """Bring WPR's SI and SO up to date after a batch whose r is left stale.
+
+        The changed sources are re-summed; every other page only shifts by the degree
+        changes of the pages it links to (:func:`ranker._kernels.shift_sums`). On 1M
+        pages that replaced a re-summation of all 8M links by 40k + 1.1M link visits
+        per batch of 40k new links. Without the batch's plan (a caller that did not
+        go through :meth:`columns`) the sums are re-summed at the next recomputation.
+        """
+        plan, self._plan = self._plan, None
+        if self.kind != K.KIND_WPR:
+            return
+        if plan is None or plan[2] is not cols:
+            self.sums_exact = False
+            return
+        g = self.graph
+        sources, changed, _ = plan
+        K.update_sums(sources, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si, self.so)
+        K.shift_sums(changed, self.is_source, self.prev_in, self.prev_out, g.in_start,
+                     g.in_len, g.in_nbr, g.out_len, self.si, self.so)
+        self.is_source[sources] = False
+        self.has_prev[changed] = False
 
     def _forget_removed(self, removed: np.ndarray, live: np.ndarray) -> None:
         dead = removed[~live[removed]]
@@ -331,8 +364,9 @@ class ResidualEngine:
         before = self.r[:n].copy()
         live = g.live_mask()[:n]  # the consumer may intern more ids meanwhile
         self.base[:n] = np.where(live, 1.0 - self.damping, 0.0)
-        if self.kind == K.KIND_WPR:
+        if self.kind == K.KIND_WPR and not self.sums_exact:
             K.all_sums(n, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si, self.so)
+            self.sums_exact = True
         self.l1, _ = K.full_residual_pull(self.kind, self.damping, n, live, self.y, self.r,
                                           g.in_start, g.in_len, g.in_nbr, g.out_len,
                                           self.si, self.so)
@@ -349,6 +383,7 @@ class ResidualEngine:
         self.y[:n] = y[:n]
         self.y[:n][~self.graph.live_mask()] = 0.0
         self.published[:] = 0.0
+        self.sums_exact = False
         self.recompute_residual()
         self.is_touched[:n] = True
         self.touched[:n] = np.arange(n, dtype=np.int32)

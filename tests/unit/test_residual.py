@@ -127,6 +127,37 @@ def test_wpr_full_recompute_absorb_matches_the_column_re_weigh(
     assert np.abs(y_a - y_b).sum() <= 2e-10 * y_a.sum()
 
 
+def test_stale_wpr_batches_keep_the_sums_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Batches absorbed while r is stale (left to the next refresh) still keep SI and
+    # SO, so the recomputation does not re-sum every link: after each batch (new
+    # pages, insertions, deletions, removals) they equal a re-summation from scratch.
+    monkeypatch.setattr(residual, "FULL_RESIDUAL_SHARE", 0.0)
+    graph = copying_model_graph(2000, 8.0, seed=35).to_linkgraph()
+    ranks = LiveRanks(graph, algorithms=("wpr",), tolerance=1e-10, recompute_every=10_000)
+    ranks.cold_start()
+    engine = ranks.engines["wpr"]
+    rng = np.random.default_rng(36)
+    for step in range(4):
+        edits = random_edit_batch(graph, 200, rng)
+        new = np.array([graph.intern(f"https://new.example/{step}/{i}") for i in range(20)],
+                       dtype=np.int32)
+        targets = rng.integers(0, graph.num_ids, new.size * 5).astype(np.int32)
+        gone = rng.choice(2000, 4, replace=False).astype(np.int32)
+        ranks.absorb(EdgeBatch(np.concatenate([edits.insert_src, np.repeat(new, 5)]),
+                               np.concatenate([edits.insert_dst, targets]),
+                               edits.delete_src, edits.delete_dst, gone))
+        assert engine.stale and engine.sums_exact
+        n = graph.num_ids
+        si, so = np.zeros(n), np.zeros(n)
+        K.all_sums(n, graph.out_start, graph.out_len, graph.out_nbr, graph.in_len, si, so)
+        assert np.array_equal(si, engine.si[:n]) and np.array_equal(so, engine.so[:n])
+        assert not engine.is_source.any() and not engine.has_prev.any()
+    report = ranks.refresh()["wpr"]
+    assert report.fresh and not engine.stale
+    truth = exact(ranks, "wpr")
+    assert np.abs(ranks.scores("wpr") - truth).sum() <= report.bound + 1e-9
+
+
 def _residual_reference(graph, kind: int, damping: float, y, si, so):
     """``r = b + d*M*y - y`` edge by edge, with M as defined in ranker._kernels."""
     n = graph.num_ids
