@@ -71,6 +71,7 @@ from consumer.redis_store import connect_redis, redis_errors
 from consumer.score_publisher import ScorePublisher
 from consumer.stats import ConsumerStats, catching_up, lag_by_partition
 from consumer.status_writer import StatusWriter
+from ranker import set_kernel_threads
 from rankstream.errors import InputError, ServiceUnavailable
 from rankstream.settings import Settings
 
@@ -203,7 +204,9 @@ class ConsumerService:
         # The engines' kernels release the GIL, so a batch is ranked on this thread
         # while the main thread polls and decodes the next one (which touches no
         # shared state); the main thread joins it before anything else.
-        self._ranker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ranker")
+        self._ranker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ranker",
+                                          initializer=set_kernel_threads,
+                                          initargs=(settings.ranker_threads,))
         # Batches polled and decoded ahead, oldest first (see _prefetch_during).
         self._prefetched: collections.deque[Fetched] = collections.deque()
         # The transaction of the last batch the engines absorbed, while it may still run.

@@ -7,6 +7,7 @@
 Definitions follow ``docs/algorithms.md`` of the project's shared material exactly.
 """
 
+from ranker._kernels import set_kernel_threads
 from ranker.hits import hits
 from ranker.incremental import LiveRanks
 from ranker.linkgraph import AppliedBatch, EdgeBatch, LinkGraph
@@ -25,6 +26,7 @@ __all__ = [
     "RefreshReport",
     "hits",
     "pagerank",
+    "set_kernel_threads",
     "weighted_pagerank",
     "wpr_matrix",
 ]

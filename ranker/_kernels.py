@@ -36,6 +36,20 @@ def njit(*, cache: bool = True, inline: Literal["never", "always"] = "never",
     return wrap
 
 
+def set_kernel_threads(count: int) -> int:
+    """Run the parallel kernels called from THIS thread on at most ``count`` threads.
+
+    numba's limit is per calling thread, so a service can keep one thread's kernels
+    serial (the consumer's ranker thread, see ``Settings.ranker_threads``) while
+    another's (loading, ``rankstream rank``) use every core. Returns the limit set,
+    clamped to 1..``NUMBA_NUM_THREADS``.
+    """
+    most = int(numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+    limit = max(1, min(int(count), most))
+    numba.set_num_threads(limit)
+    return limit
+
+
 KIND_PAGERANK = 0
 KIND_WPR = 1
 

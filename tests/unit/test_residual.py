@@ -245,3 +245,28 @@ def test_new_pages_count_as_change_so_a_growing_crawl_goes_global_at_once() -> N
     second = ranks.apply(_new_pages_batch(ranks, 300, 10, rng))["pagerank"]
     assert second.mode == "global" and second.fresh
     assert engine.global_from > bar  # no push budget burnt first
+
+
+def test_kernel_threads_are_limited_per_calling_thread() -> None:
+    # The consumer keeps its ranker thread's kernels serial (Settings.ranker_threads)
+    # while the thread that loads the mirror keeps every core.
+    import threading
+
+    import numba
+
+    from ranker import set_kernel_threads
+
+    before = numba.get_num_threads()
+    seen: dict[str, int] = {}
+
+    def limited() -> None:
+        seen["set"] = set_kernel_threads(1)
+        seen["there"] = numba.get_num_threads()
+        seen["clamped"] = set_kernel_threads(10_000)
+
+    worker = threading.Thread(target=limited)
+    worker.start()
+    worker.join()
+    assert seen["set"] == 1 and seen["there"] == 1
+    assert seen["clamped"] == numba.config.NUMBA_NUM_THREADS
+    assert numba.get_num_threads() == before
