@@ -84,6 +84,8 @@ class Mirror:
         if stored.removed.size:
             graph.apply(EdgeBatch(removed_pages=stored.removed))
         n = graph.num_ids
+        # Room to grow before the first batch arrives, not during it (see reserve).
+        graph.reserve(n + (n >> 1))
         last_ts = np.full(n, NO_TS, dtype=np.int64)
         if stored.last_ts:
             ids = np.fromiter(stored.last_ts.keys(), dtype=np.int64, count=len(stored.last_ts))

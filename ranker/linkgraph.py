@@ -165,6 +165,25 @@ class LinkGraph:
     def num_live(self) -> int:
         return int(np.count_nonzero(self._live[: self.num_ids]))
 
+    @property
+    def id_capacity(self) -> int:
+        """Ids the per-page arrays hold before they must grow (by 1.5x, see intern)."""
+        return self._node_cap
+
+    def reserve(self, num_ids: int) -> None:
+        """Room for ``num_ids`` ids, and spare capacity in every row (:meth:`compact`).
+
+        A graph built by :meth:`from_id_edges` is packed tight: the first batch after
+        it moves every row that gains a link and grows both pools and the per-page
+        arrays, all at once. On the consumer's restart with 1.4M pages that batch took
+        0.77-0.96 s against ~0.1 s for the next ones (measured: 0.28 s in the graph,
+        0.49 s growing the engines' arrays, which follow :attr:`id_capacity`); the
+        backlog it left lasted the whole latency measurement.
+        """
+        if num_ids > self._node_cap:
+            self._grow_nodes(num_ids)
+        self.compact()
+
     def intern(self, key: str) -> int:
         """Id of ``key``, assigning the next one if new; revives a removed page."""
         page = self._index.get(key)

@@ -184,7 +184,8 @@ class ResidualEngine:
         self.total = 0.0
         self.y_max = 0.0
         self.bound = 0.0
-        self._ensure(graph.num_ids)
+        # As many as the graph has room for, so both grow at the same batch.
+        self._ensure(graph.id_capacity)
 
     # ---------------------------------------------------------------- storage
     def _ensure(self, num_ids: int) -> None:

@@ -189,6 +189,27 @@ def test_memory_per_link_of_bulk_loaded_graph() -> None:
     assert graph.memory_bytes() / graph.num_links <= 40
 
 
+def test_reserve_leaves_room_so_the_next_batch_moves_no_row() -> None:
+    # The consumer's restart reserves room at load, so its first batch neither grows
+    # the per-page arrays nor relocates every row that gains a link.
+    rng = np.random.default_rng(1)
+    src = rng.integers(0, 5000, 50_000)
+    dst = rng.integers(0, 5000, 50_000)
+    graph = LinkGraph.from_id_edges(src, dst, [str(i) for i in range(5000)])
+    before = sorted(as_pairs(*graph.edges()))
+    graph.reserve(7500)
+    assert graph.id_capacity >= 7500
+    assert sorted(as_pairs(*graph.edges())) == before
+    graph.check_integrity()
+    assert graph.memory_bytes() / graph.num_links <= 40
+    pools = (graph.out_nbr, graph.in_nbr)
+    new = graph.intern_many([f"new{i}" for i in range(100)])
+    graph.apply(EdgeBatch(insert_src=np.repeat(new, 3), insert_dst=np.tile([0, 1, 2], 100)))
+    assert graph.out_nbr is pools[0] and graph.in_nbr is pools[1]
+    assert graph.id_capacity >= 7500 and graph.in_degree(0) >= 100
+    graph.check_integrity()
+
+
 def test_bad_batches_are_input_errors() -> None:
     graph = LinkGraph.from_edges(["a"], ["b"])
     with pytest.raises(InputError):
