@@ -176,8 +176,9 @@ class LiveRanks:
             engine.absorb(cols[name], applied)
             if self.batches % self.recompute_every == 0:
                 # The drift guard: recomputed by the next refresh. WPR's sums are
-                # integers, kept exactly (ResidualEngine.sums_exact); re-summing them
-                # here too costs little and checks nothing can drift there either.
+                # integers, kept exactly (ResidualEngine.sums_exact); they are re-summed
+                # here too, one pass per recompute_every batches, so that a mistake in
+                # keeping them could not outlast the guard.
                 engine.stale = True
                 engine.sums_exact = False
         return applied

@@ -263,7 +263,8 @@ class ResidualEngine:
         self._ensure(g.num_ids)
         live = g.live_mask()
         if self.stale:
-            self._keep_sums(cols)
+            plan, self._plan = self._plan, None
+            self._keep_sums(plan if plan is not None and plan[2] is cols else None)
             self._forget_removed(applied.removed_pages, live)
             self.pending_work += int(FULL_RESIDUAL_SHARE * g.num_links)
             return
@@ -293,8 +294,7 @@ class ResidualEngine:
                 # without one in between (see LiveRanks.absorb) share it.
                 self.stale = True
                 self.pending_work += reweigh
-                self._plan = plan
-                self._keep_sums(cols)
+                self._keep_sums(plan)
             else:
                 K.update_sums(sources, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si,
                               self.so)
@@ -315,7 +315,7 @@ class ResidualEngine:
             self._add_columns(cols, 1.0)
         self._forget_removed(applied.removed_pages, live)
 
-    def _keep_sums(self, cols: np.ndarray) -> None:
+    def _keep_sums(self, plan: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
         """Bring WPR's SI and SO up to date after a batch whose r is left stale.
 
         The changed sources are re-summed; every other page only shifts by the degree
@@ -324,10 +324,9 @@ class ResidualEngine:
         per batch of 40k new links. Without the batch's plan (a caller that did not
         go through :meth:`columns`) the sums are re-summed at the next recomputation.
         """
-        plan, self._plan = self._plan, None
         if self.kind != K.KIND_WPR:
             return
-        if plan is None or plan[2] is not cols:
+        if plan is None:
             self.sums_exact = False
             return
         g = self.graph
