@@ -23,6 +23,16 @@ def exact(ranks: LiveRanks, algorithm: str) -> np.ndarray:
                               alive=graph.live_mask()).scores
 
 
+def assert_sums_exact(ranks: LiveRanks) -> None:
+    """WPR's kept SI and SO equal a re-summation of the current graph."""
+    graph, engine = ranks.graph, ranks.engines["wpr"]
+    n = graph.num_ids
+    si, so = np.zeros(n), np.zeros(n)
+    K.all_sums(n, graph.out_start, graph.out_len, graph.out_nbr, graph.in_len, si, so)
+    assert np.array_equal(si, engine.si[:n]) and np.array_equal(so, engine.so[:n])
+    assert not engine.is_source.any() and not engine.has_prev.any()
+
+
 def test_wpr_reweighing_keeps_sums_and_residual_exact() -> None:
     graph = copying_model_graph(3000, 8.0, seed=21).to_linkgraph()
     ranks = LiveRanks(graph, algorithms=("wpr",), tolerance=1e-9, recompute_every=10_000)
@@ -37,13 +47,8 @@ def test_wpr_reweighing_keeps_sums_and_residual_exact() -> None:
                           batch.delete_dst, gone)
         report = ranks.apply(batch)["wpr"]
         assert report.fresh
-        n = graph.num_ids
-        si, so = engine.si[:n].copy(), engine.so[:n].copy()
-        K.all_sums(n, graph.out_start, graph.out_len, graph.out_nbr, graph.in_len, engine.si,
-                   engine.so)
-        assert np.array_equal(si, engine.si[:n]) and np.array_equal(so, engine.so[:n])
+        assert_sums_exact(ranks)
         assert engine.recompute_residual() <= 1e-12
-        assert not engine.is_source.any() and not engine.has_prev.any()
         truth = exact(ranks, "wpr")
         assert np.abs(ranks.scores("wpr") - truth).sum() <= report.bound + 1e-9
 
@@ -137,21 +142,15 @@ def test_stale_wpr_batches_keep_the_sums_exact(monkeypatch: pytest.MonkeyPatch) 
     ranks.cold_start()
     engine = ranks.engines["wpr"]
     rng = np.random.default_rng(36)
-    for step in range(4):
+    for _ in range(4):
         edits = random_edit_batch(graph, 200, rng)
-        new = np.array([graph.intern(f"https://new.example/{step}/{i}") for i in range(20)],
-                       dtype=np.int32)
-        targets = rng.integers(0, graph.num_ids, new.size * 5).astype(np.int32)
+        new = _new_pages_batch(ranks, 20, 5, rng)
         gone = rng.choice(2000, 4, replace=False).astype(np.int32)
-        ranks.absorb(EdgeBatch(np.concatenate([edits.insert_src, np.repeat(new, 5)]),
-                               np.concatenate([edits.insert_dst, targets]),
+        ranks.absorb(EdgeBatch(np.concatenate([edits.insert_src, new.insert_src]),
+                               np.concatenate([edits.insert_dst, new.insert_dst]),
                                edits.delete_src, edits.delete_dst, gone))
         assert engine.stale and engine.sums_exact
-        n = graph.num_ids
-        si, so = np.zeros(n), np.zeros(n)
-        K.all_sums(n, graph.out_start, graph.out_len, graph.out_nbr, graph.in_len, si, so)
-        assert np.array_equal(si, engine.si[:n]) and np.array_equal(so, engine.so[:n])
-        assert not engine.is_source.any() and not engine.has_prev.any()
+        assert_sums_exact(ranks)
     report = ranks.refresh()["wpr"]
     assert report.fresh and not engine.stale
     truth = exact(ranks, "wpr")
@@ -268,5 +267,5 @@ def test_kernel_threads_are_limited_per_calling_thread() -> None:
     worker.start()
     worker.join()
     assert seen["set"] == 1 and seen["there"] == 1
-    assert seen["clamped"] == numba.config.NUMBA_NUM_THREADS
+    assert seen["clamped"] == numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
     assert numba.get_num_threads() == before
