@@ -527,24 +527,20 @@ class ConsumerService:
         waits up to ``poll_timeout_ms`` as usual; the extra polls wait at most
         :data:`EXTRA_POLL_MS` each and stop as soon as the engines are done. No poll
         follows a batch that reaches the caught-up targets or a stop request, and
-        no extra poll follows one that was not full (nothing is waiting).
-
-        Nor does a first poll: once caught up (``current`` was not full), a batch polled
-        now would hold only what arrived so far and then wait for this whole refresh
-        before the engines take it. Polled by the next step instead, right after the
-        engines took this batch, it holds everything that arrived meanwhile and is
-        still planned while the engines refresh (1M-page stream, latency phase: p50/p99
-        2.00/2.72 s -> 1.67/2.29 s).
+        none follows one that was not full, ``current`` included: once caught up, a
+        batch polled now would hold only what arrived so far and then wait for this
+        whole refresh before the engines take it. Polled by the next step instead,
+        right after the engines took this batch, it holds everything that arrived
+        meanwhile and is still planned while the engines refresh (1M-page stream,
+        latency phase: p50/p99 2.00/2.72 s -> 1.67/2.29 s).
         """
-        if not self._prefetched and len(current.records) < self.settings.batch_max_events:
-            return
         latest = self._prefetched[-1] if self._prefetched else current
         while (len(self._prefetched) < MAX_PREFETCH_BATCHES
                and not self._would_be_caught_up(latest.next_offsets)
                and not self.stop_event.is_set()):
             in_hand = bool(self._prefetched)
-            if in_hand and (ranking.done()
-                            or len(latest.records) < self.settings.batch_max_events):
+            if (len(latest.records) < self.settings.batch_max_events
+                    or (in_hand and ranking.done())):
                 return
             fetched = self.fetch(timeout_ms=EXTRA_POLL_MS if in_hand else None)
             if fetched is None:
