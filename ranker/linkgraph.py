@@ -201,8 +201,25 @@ class LinkGraph:
         return page
 
     def intern_many(self, keys: Sequence[str]) -> np.ndarray:
-        """:meth:`intern` of each key, as an int32 array."""
-        return np.fromiter((self.intern(k) for k in keys), dtype=np.int32, count=len(keys))
+        """:meth:`intern` of each key, in order, as an int32 array.
+
+        Same ids as calling :meth:`intern` key by key, but known keys are looked up in
+        one ``map`` and revived in one vectorised step: the consumer interns every
+        link of every ``page`` event (~10 per event), and a Python call per link was
+        the largest cost of planning a batch (~90 of ~200 ms per 5,000 events).
+        """
+        found: list[int | None] = list(map(self._index.get, keys))
+        if None in found:  # new keys, in first-seen order (a repeated one gets one id)
+            for i, page in enumerate(found):
+                if page is None:
+                    found[i] = self.intern(keys[i])
+        ids = np.array(found, dtype=np.int32)
+        dead = ids[~self._live[ids]]
+        if dead.size:
+            dead = np.unique(dead)
+            self._live[dead] = True
+            self._pending_live.extend(dead.tolist())
+        return ids
 
     def id_of(self, key: str) -> int | None:
         """Id of ``key`` or None; does not assign or revive."""

@@ -88,8 +88,9 @@ class _Overlay:
     def _graph_out(self, page: int) -> set[int]:
         known = self.base.get(page)
         if known is None:
-            is_new = page >= self.first_new_id
-            known = set() if is_new else set(self.graph.out_links(page).tolist())
+            # Most pages of a crawl were known only as link targets: no out-links yet.
+            empty = page >= self.first_new_id or not self.graph.out_degree(page)
+            known = set() if empty else set(self.graph.out_links(page).tolist())
             self.base[page] = known
         return known
 
@@ -196,7 +197,7 @@ class EventApplier:
     def apply(self, events: Sequence[Event]) -> AppliedEvents:
         """One net edge batch for ``events`` (see the module docstring for the rules)."""
         graph = self.graph
-        intern = graph.intern
+        intern, intern_many = graph.intern, graph.intern_many
         overlay = _Overlay(graph)
         ts_updates: dict[int, int] = {}
         titles: dict[int, str] = {}
@@ -217,7 +218,7 @@ class EventApplier:
                         stale += 1
                         continue
                 page = intern(event.url)
-                targets = [intern(url) for url in event.links]
+                targets = intern_many(event.links).tolist()
                 overlay.replace(page, targets, when)
                 if event.ts is not None:
                     ts_updates[page] = event.ts

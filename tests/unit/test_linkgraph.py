@@ -59,6 +59,26 @@ class LinkGraphMachine(RuleBasedStateMachine):
             assert self.graph.intern(key) == page
             self.live.add(page)
 
+    @rule(picks=st.lists(st.integers(0, 15), max_size=12))
+    def intern_many_like_intern(self, picks: list[int]) -> None:
+        """Known (live or removed) and new keys, repeats included: the ids of one
+        intern() per key, in order, and every one of them live."""
+        first = self.graph.num_ids
+        keys = [self.graph.key_of(p) if p < first else f"https://many.test/{first}/{p}"
+                for p in picks]
+        expected: dict[str, int] = {}
+        next_id = first
+        for key in keys:
+            if key not in expected:
+                known = self.graph.id_of(key)
+                expected[key] = next_id if known is None else known
+                next_id += known is None
+        ids = self.graph.intern_many(keys)
+        assert ids.dtype == np.int32
+        assert ids.tolist() == [expected[k] for k in keys]
+        assert self.graph.num_ids == next_id
+        self.live.update(ids.tolist())
+
     @precondition(lambda self: self.graph.num_ids > 0)
     @rule(data=st.data())
     def revive_by_intern(self, data: st.DataObject) -> None:
