@@ -68,6 +68,11 @@ class Publications:
         self.lag = 0.0  # relative L1 distance of the last publication from y
 
     @property
+    def last_seconds(self) -> float:
+        """How long the last publication took to write (0 before the first)."""
+        return self._last_seconds
+
+    @property
     def idle(self) -> bool:
         """No publication started and not yet waited for."""
         return self._in_flight is None

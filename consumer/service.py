@@ -69,7 +69,7 @@ from consumer.mirror import Mirror, PlannedBatch
 from consumer.publishing import Publications
 from consumer.redis_store import connect_redis, redis_errors
 from consumer.score_publisher import ScorePublisher
-from consumer.stats import ConsumerStats, catching_up, lag_by_partition
+from consumer.stats import ConsumerStats, catching_up, lag_by_partition, seconds_to_catch_up
 from consumer.status_writer import StatusWriter
 from ranker import set_kernel_threads
 from rankstream.errors import InputError, ServiceUnavailable
@@ -458,7 +458,7 @@ class ConsumerService:
         # The engines absorb the batch while its transaction is in flight (Redis and
         # this process work in parallel); scores are published only once it committed.
         full = self._catching_up(batch)
-        refresh = self._refresh_due(full, last=self._would_be_caught_up(batch.next_offsets))
+        refresh = self._refresh_due(full, last=self._drain_comes_first(batch.next_offsets))
         absorbing = self._ranker.submit(mirror.absorb_planned, planned)
         refreshing = (self._ranker.submit(mirror.ranks.refresh,
                                           tolerance=self._batch_tolerance(),
@@ -568,10 +568,10 @@ class ConsumerService:
         absorbed unless a publication could start after it; anything else (caught
         up, stopping) is refreshed, and an idle consumer refreshes what is left.
 
-        ``last``: the batch reaches the caught-up targets of ``--until-caught-up``, and
-        :meth:`drain` follows at once, refreshing to the tolerance and publishing. It
-        is only absorbed: a publication of it would rewrite a buffer that the drain's
-        rewrites again (on the 1M-page stream two 2.8M-member publications, 9 s each).
+        ``last``: :meth:`drain` follows before a publication started now could end
+        (:meth:`_drain_comes_first`). The batch is only absorbed: a publication of it
+        would rewrite a buffer that the drain's rewrites again, and delay the drain's
+        by its whole length.
         """
         if last:
             return False
@@ -613,6 +613,24 @@ class ConsumerService:
             return False
         positions = self._positions_after(next_offsets)
         return all(positions.get(p, 0) >= end for p, end in self._targets.items() if end > 0)
+
+    def _drain_comes_first(self, next_offsets: dict[int, int]) -> bool:
+        """``--until-caught-up``: after a batch ending at ``next_offsets``, is the rest of
+        the backlog consumed, and :meth:`drain` reached, before a publication as long
+        as the last one could end?
+
+        Counted at the recent pace of this consumer. On the 1M-page stream a full
+        publication that started two batches before the end (11.4 s, 2.8M members)
+        was still running when the drain began, and the drain's own full rewrite
+        (8.4 s) waited for it: 20 s of a 119 s run.
+        """
+        if self._targets is None:
+            return False
+        if self._would_be_caught_up(next_offsets):
+            return True
+        left_s = seconds_to_catch_up(self._targets, self._positions_after(next_offsets),
+                                     self.stats.events_meter.rate())
+        return left_s < self.publications.last_seconds
 
     def drain(self) -> None:
         """Publish everything pending and wait for it (called before a clean exit)."""

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import time
@@ -60,6 +61,16 @@ def catching_up(messages: int, batch_max: int, ends: Mapping[int, int],
     returns a short batch at a fetch-buffer boundary even far behind.
     """
     return messages >= batch_max or sum(lag_by_partition(ends, positions).values()) >= batch_max
+
+
+def seconds_to_catch_up(ends: Mapping[int, int], positions: Mapping[int, int],
+                        pace: float) -> float:
+    """Seconds until ``positions`` reach ``ends`` at ``pace`` messages/s (inf if the
+    pace is not known yet and anything is left)."""
+    left = sum(lag_by_partition(ends, positions).values())
+    if not left:
+        return 0.0
+    return left / pace if pace > 0.0 else math.inf
 
 
 @dataclass

@@ -11,7 +11,13 @@ from consumer.jsonlog import JsonFormatter, safe_address
 from consumer.kafka_source import Record
 from consumer.lock import Holder
 from consumer.score_publisher import is_fresh, meta_fields
-from consumer.stats import ConsumerStats, RateMeter, catching_up, lag_by_partition
+from consumer.stats import (
+    ConsumerStats,
+    RateMeter,
+    catching_up,
+    lag_by_partition,
+    seconds_to_catch_up,
+)
 
 
 def test_holder_round_trips_and_tolerates_garbage():
@@ -71,6 +77,9 @@ def test_lag_and_rates():
     assert catching_up(40, 100, {0: 1000, 1: 60}, {0: 950, 1: 0})
     assert not catching_up(40, 100, {0: 1000, 1: 60}, {0: 990, 1: 0})
     assert not catching_up(40, 100, {}, {0: 5})  # nothing fetched yet: no known backlog
+    assert seconds_to_catch_up({0: 1000, 1: 60}, {0: 800, 1: 60}, pace=100.0) == 2.0
+    assert seconds_to_catch_up({0: 1000}, {0: 1000}, pace=0.0) == 0.0
+    assert seconds_to_catch_up({0: 1000}, {}, pace=0.0) == float("inf")  # no pace yet
     meter = RateMeter(window_s=10.0)
     meter.add(100, now=0.0)
     meter.add(100, now=2.0)
