@@ -44,7 +44,7 @@ class Publications:
         publisher: builds and writes publications.
         stats: updated when a publication lands (bound, fresh, refresh time).
         fenced: runs a fenced Redis write with the consumer's retries and lease
-            recovery (``ConsumerService._fenced``).
+            recovery (:meth:`consumer.recovery.Recovery.fenced`).
         lock: the consumer's lease, which every swap is fenced with.
         min_interval_s: the gap after a publication once caught up.
     """

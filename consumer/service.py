@@ -21,65 +21,45 @@ refresh then covers them (:meth:`ConsumerService._refresh_due`); the refresh aft
 a batch is capped at ``batch_max_sweeps`` sweeps' worth of work, idle and final
 refreshes are not. The status heartbeat is written from a thread of its own.
 
-Failure handling (the decisions, see docs/redis-keys.md):
-
-* Redis errors around a transaction: the identical write is retried with bounded
-  exponential backoff (0.1 s doubling to 5 s, with jitter; never a hot loop).
-  The write is idempotent, so a retry after an EXEC that did commit is harmless.
-  Nothing is published meanwhile, and the batch in flight is the only one the
-  mirror holds beyond Redis.
-* Lease lost (frozen past its TTL): if the lease is free we take it again; if
-  Redis shows that nobody wrote in between (same graph version and offsets) we
-  carry on, otherwise the batch is dropped, the mirror (which may already hold
-  that batch) is rebuilt from Redis and Kafka is re-positioned at the Redis
-  offsets. If another consumer holds the lease we stop with an error.
-* Kafka errors while polling or sending dead letters: retried with the same
-  backoff (dead letters may be sent twice; never lost).
-* SIGTERM/SIGINT: the current batch is finished and published, then a clean exit
-  (0). While Redis is down a stop request waits at most ``stop_grace_s`` more.
+Failure handling (retries with backoff, lease recovery): :mod:`consumer.recovery`.
+SIGTERM/SIGINT: the current batch is finished and published, then a clean exit (0).
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
-import gc
 import logging
-import random
 import signal
-import sys
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any, TypeVar
 
-import redis
-
-from consumer.dead_letters import DeadLetter, DeadLetterSender
+from consumer.cpython_tuning import tune_garbage_collector, tune_gil_switching
+from consumer.dead_letters import DeadLetterSender
 from consumer.graph_write import commit_graph
 from consumer.jsonlog import safe_address
-from consumer.kafka_source import KafkaSource, Record, ensure_topics
+from consumer.kafka_source import KafkaSource, ensure_topics
 from consumer.keys import Keys
-from consumer.lock import DEFAULT_TTL_MS, ConsumerLock, LockHeld, LockLost
+from consumer.lock import DEFAULT_TTL_MS, ConsumerLock
 from consumer.mirror import Mirror, PlannedBatch
+from consumer.prefetch import Fetched, Prefetcher
 from consumer.publishing import Publications
+from consumer.recovery import Backoff, MirrorStale, Recovery
 from consumer.redis_store import connect_redis, redis_errors
 from consumer.score_publisher import ScorePublisher
 from consumer.stats import ConsumerStats, catching_up, lag_by_partition, seconds_to_catch_up
 from consumer.status_writer import StatusWriter
 from ranker import set_kernel_threads
-from rankstream.errors import InputError, ServiceUnavailable
 from rankstream.settings import Settings
 
 log = logging.getLogger("rankstream.consumer")
 
 T = TypeVar("T")
 
-RETRYABLE = (redis.ConnectionError, redis.TimeoutError, ServiceUnavailable)
 MAX_IDLE_REFRESHES = 5  # extra refreshes before a --until-caught-up exit
 # While a capped publication leaves the published scores lagging y by a relative L1
 # distance L (see consumer.score_publisher), refining y per batch far below L is work
@@ -88,48 +68,6 @@ MAX_IDLE_REFRESHES = 5  # extra refreshes before a --until-caught-up exit
 # the final publication always go back to the tolerance, so `fresh` means the same.
 CATCHUP_SHARE = 0.1
 CATCHUP_MAX_TOLERANCE = 1e-2
-# Decoding one 5,000-event batch allocates ~100k container objects that all die with
-# the batch (reference counting frees them; they form no cycles). With CPython's
-# default young-generation threshold (700) that meant ~1,350 collections, 11 of them
-# full ones over the whole mirror, per 100k events: 1.7 s of GIL-holding collector
-# in a 10 s run (measured with gc.callbacks). See tune_garbage_collector().
-GC_YOUNG_THRESHOLD = 100_000
-# Batches decoded ahead while the engines refresh (bounded: 4 x batch_max_events
-# decoded events in memory at most).
-MAX_PREFETCH_BATCHES = 4
-EXTRA_POLL_MS = 20
-# A refresh on the ranker thread is a chain of GIL-free kernels joined by short Python
-# steps, and each step must win the GIL back from the main thread, which decodes and
-# plans in pure Python meanwhile. CPython hands the GIL over only after the switch
-# interval (5 ms by default), so a refresh of a few dozen steps waited ~0.4 s per
-# batch: measured on 1M pages, a quarter-sweep refresh of both engines beside a busy
-# Python thread took 0.82-0.86 s instead of 0.41 s alone, and 0.47-0.61 s at 0.5 ms.
-# In the 1M-page pipeline bench, two runs back to back: p99 event -> visible score
-# 5.3 s at 5 ms, 4.6 s at 0.5 ms; throughput the same (81.6k, 80.6k link changes/s).
-GIL_SWITCH_INTERVAL_S = 0.0005
-
-
-def tune_garbage_collector() -> None:
-    """Keep CPython's cycle collector off the hot path of a consumer process.
-
-    ``gc.freeze()`` moves everything alive now (the freshly loaded mirror: URL
-    lists, id maps) out of the collector's sight, so full collections no longer
-    walk it; the raised young threshold lets a batch's short-lived objects be freed
-    by reference counting before a collection ever starts. Measured on the 100k-event
-    pipeline bench: collector time 1.72 s -> 0.03 s. Cyclic garbage is still
-    collected, just after 100k net allocations instead of 700.
-    """
-    gc.freeze()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
-
-
-def tune_gil_switching() -> None:
-    """Let the ranker thread win the GIL back quickly (see GIL_SWITCH_INTERVAL_S).
-
-    Process-wide, like :func:`tune_garbage_collector`; never loosens a tighter
-    interval someone else set.
-    """
-    sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
 
 
 @dataclass(frozen=True)
@@ -152,20 +90,6 @@ class ConsumeOptions:
     startup_wait_s: float = 60.0
 
 
-@dataclass
-class Fetched:
-    """One polled and decoded batch."""
-
-    records: list[Record]
-    events: list[Any]
-    letters: list[DeadLetter]
-    next_offsets: dict[int, int]
-
-
-class MirrorStale(Exception):
-    """Someone else wrote the prefix while we did not hold the lease: rebuild."""
-
-
 class ConsumerService:
     """One consumer process; :meth:`run` returns the exit code."""
 
@@ -179,9 +103,12 @@ class ConsumerService:
         self.stats = ConsumerStats()
         self.stop_event = threading.Event()
         self.stop_reason = ""
-        self._stop_requested_at: float | None = None
         self.redis = connect_redis(settings, client_name="rankstream-consumer")
         self.lock = ConsumerLock(self.redis, self.keys.lock, ttl_ms=self.options.lock_ttl_ms)
+        backoff = Backoff(self.options.backoff_initial_s, self.options.backoff_max_s)
+        self.recovery = Recovery(self.redis, self.lock, self.keys, settings.topic, self.stats,
+                                 backoff, stop_grace_s=self.options.stop_grace_s,
+                                 set_state=self._set_state)
         self.publisher = ScorePublisher(self.redis, self.keys, damping=settings.damping,
                                         tolerance=settings.tolerance,
                                         publish_threshold=settings.publish_threshold,
@@ -189,7 +116,8 @@ class ConsumerService:
                                         scripts=self.options.bulk_writes,
                                         max_updates=settings.publish_max_updates or None)
         # Publications run on a thread of their own and are coalesced (see process).
-        self.publications = Publications(self.publisher, self.stats, self._fenced, self.lock,
+        self.publications = Publications(self.publisher, self.stats, self.recovery.fenced,
+                                         self.lock,
                                          min_interval_s=self.options.min_publish_interval_s)
         self.mirror: Mirror | None = None
         self.source: KafkaSource | None = None
@@ -207,8 +135,10 @@ class ConsumerService:
         self._ranker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ranker",
                                           initializer=set_kernel_threads,
                                           initargs=(settings.ranker_threads,))
-        # Batches polled and decoded ahead, oldest first (see _prefetch_during).
-        self._prefetched: collections.deque[Fetched] = collections.deque()
+        self.batches = Prefetcher(self._source, self.limits,
+                                  batch_max_events=settings.batch_max_events,
+                                  poll_timeout_ms=settings.poll_timeout_ms, backoff=backoff,
+                                  stop_event=self.stop_event)
         # The transaction of the last batch the engines absorbed, while it may still run.
         self._uncommitted: Future[None] | None = None
         # The refresh after the last batch, while it may still run (see process).
@@ -217,15 +147,12 @@ class ConsumerService:
         # The engines absorbed batches since their last refresh: the pending reports
         # do not cover them, so nothing may be published before the next refresh.
         self._unrefreshed = False
-        # (graph version, P offsets fields) as of the last transaction that committed
-        self._committed: tuple[int, dict[str, int]] = (0, {})
-        self._regain_mutex = threading.Lock()
 
     # -- signals --------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
         if not self.stop_event.is_set():
             self.stop_reason = reason
-            self._stop_requested_at = time.monotonic()
+            self.recovery.stop_requested_at = time.monotonic()
             self.stop_event.set()
 
     def install_signal_handlers(self) -> None:
@@ -235,80 +162,37 @@ class ConsumerService:
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
 
-    # -- retry ----------------------------------------------------------------------
-    def _sleep_backoff(self, attempt: int) -> None:
-        base = min(self.options.backoff_max_s,
-                   self.options.backoff_initial_s * (2 ** min(attempt, 16)))
-        # Full jitter in [base/2, base]: no thundering herd, never a hot loop.
-        time.sleep(base * (0.5 + random.random() / 2))
-
-    def _retry(self, what: str, action: Callable[[], T]) -> T:
-        attempt = 0
-        while True:
-            try:
-                result = action()
-                if attempt and self.stats.state == "waiting":
-                    log.info("recovered", extra={"fields": {"what": what, "attempts": attempt}})
-                    self._set_state("running")
-                return result
-            except RETRYABLE as exc:
-                attempt += 1
-                self.stats.retries += 1
-                if (self._stop_requested_at is not None
-                        and time.monotonic() - self._stop_requested_at > self.options.stop_grace_s):
-                    raise ServiceUnavailable(f"gave up {what} after the stop request: {exc}"
-                                             ) from exc
-                log.warning("retrying", extra={"fields": {"what": what, "attempt": attempt,
-                                                          "error": str(exc)[:300]}})
-                self._set_state("waiting")
-                self._sleep_backoff(attempt - 1)
-
-    # -- lifecycle ------------------------------------------------------------------
-    def _wait_for_redis(self) -> None:
-        deadline = time.monotonic() + self.options.startup_wait_s
-        attempt = 0
-        while True:
-            try:
-                with redis_errors("connecting"):
-                    self.redis.ping()
-                return
-            except ServiceUnavailable:
-                if time.monotonic() > deadline or self.stop_event.is_set():
-                    raise
-                self._sleep_backoff(attempt)
-                attempt += 1
-
     def start(self) -> None:
         """Lease, topics, mirror, Kafka position: everything before the first poll."""
-        settings = self.settings
-        self._wait_for_redis()
+        settings, retry = self.settings, self.recovery.retry
+        self.recovery.wait_for_redis(self.options.startup_wait_s, self.stop_event)
         self.lock.acquire()
         self._holding = True
         self.lock.start_renewal()
         log.info("consumer starting", extra={"fields": {
             "redis": safe_address(settings.redis_url), "kafka": settings.kafka_bootstrap,
             "topic": settings.topic, "prefix": settings.key_prefix, "pid": self.stats.pid}})
-        self._retry("creating topics", lambda: ensure_topics(settings))
-        self.mirror = self._retry("loading the mirror",
-                                  lambda: Mirror.load(self.redis, self.keys, settings))
+        retry("creating topics", lambda: ensure_topics(settings))
+        self.mirror = retry("loading the mirror",
+                            lambda: Mirror.load(self.redis, self.keys, settings))
         tune_garbage_collector()
         tune_gil_switching()
         self.stats.load_seconds = self.mirror.load_seconds
-        self._committed = (self.mirror.counters.version, self.mirror.offsets_fields())
+        self.recovery.committed = (self.mirror.counters.version, self.mirror.offsets_fields())
         self.publisher.reset()
         for algorithm, values in self.mirror.published.items():
             self.publisher.adopt(algorithm, values)
             seed = functools.partial(self.publisher.seed_back_buffer, algorithm)
             with redis_errors("copying the scores into the back buffer"):
-                self._retry("seeding the back buffer", seed)
+                retry("seeding the back buffer", seed)
         self.mirror.published = {}
         self.publications.publish_now(self.mirror, self.mirror.start_reports)
-        self.source = self._retry("connecting to kafka", lambda: KafkaSource(settings))
-        self.dlq = self._retry("connecting the dlq producer", lambda: DeadLetterSender(settings))
-        partitions = self._retry("assigning partitions",
-                                 lambda: self._source().assign(self._mirror().offsets))
+        self.source = retry("connecting to kafka", lambda: KafkaSource(settings))
+        self.dlq = retry("connecting the dlq producer", lambda: DeadLetterSender(settings))
+        partitions = retry("assigning partitions",
+                           lambda: self._source().assign(self._mirror().offsets))
         if self.options.until_caught_up:
-            self._targets = self._retry("reading end offsets", self._source().end_offsets)
+            self._targets = retry("reading end offsets", self._source().end_offsets)
         log.info("consuming", extra={"fields": {"partitions": partitions,
                                                 "offsets": self._mirror().offsets,
                                                 "targets": self._targets}})
@@ -361,35 +245,6 @@ class ConsumerService:
         self.redis.close()
 
     # -- one batch ------------------------------------------------------------------
-    def fetch(self, timeout_ms: int | None = None) -> Fetched | None:
-        """Poll one batch and decode it (no shared state: runs while Redis writes).
-
-        ``timeout_ms``: how long the poll may wait for records (default: the
-        ``poll_timeout_ms`` setting).
-        """
-        from producer.schema import decode_event
-
-        wait_ms = self.settings.poll_timeout_ms if timeout_ms is None else timeout_ms
-        try:
-            records = self._source().poll(self.settings.batch_max_events, wait_ms)
-        except ServiceUnavailable as exc:
-            log.warning("poll failed", extra={"fields": {"error": str(exc)[:300]}})
-            self._sleep_backoff(0)
-            return None
-        if not records:
-            return None
-        events: list[Any] = []
-        letters: list[DeadLetter] = []
-        next_offsets: dict[int, int] = {}
-        for record in records:
-            try:
-                events.append(decode_event(record.value, self.limits))
-            except InputError as exc:
-                letters.append(DeadLetter(record, str(exc)))
-            if record.offset + 1 > next_offsets.get(record.partition, -1):
-                next_offsets[record.partition] = record.offset + 1
-        return Fetched(records, events, letters, next_offsets)
-
     def step(self) -> int:
         """Process one batch (the one fetched during the previous step, or a new one).
 
@@ -398,10 +253,9 @@ class ConsumerService:
         engines absorb N and batch N+1 is polled and decoded; while a publication
         runs, the next batches are processed. Returns the number of messages handled.
         """
-        batch = self._prefetched.popleft() if self._prefetched else None
+        batch = None
         try:
-            if batch is None:
-                batch = self.fetch()
+            batch = self.batches.next()
             if batch is None:
                 # Idle: publish what is pending now (without waiting for it).
                 self._collect_refresh()
@@ -441,13 +295,13 @@ class ConsumerService:
             dlq = self.dlq
             assert dlq is not None
             letters = batch.letters
-            self._retry("sending dead letters", lambda: dlq.send(letters))
+            self.recovery.retry("sending dead letters", lambda: dlq.send(letters))
             self.stats.dlq_sent += len(letters)
         t_sent = time.perf_counter()
         # The previous batch's refresh: its reports, and a publication if one is due,
         # before the engines take this batch (decoding ahead while it runs).
         if self._refreshing is not None:
-            self._prefetch_during(self._refreshing, batch)
+            self.batches.decode_during(self._refreshing, batch, self._would_be_caught_up)
         self._collect_refresh()
         self._maybe_publish()
         t_refreshed = time.perf_counter()
@@ -469,7 +323,7 @@ class ConsumerService:
         self._unrefreshed = not refresh
         self._lagging = full
         try:
-            self._prefetch_during(absorbing, batch)
+            self.batches.decode_during(absorbing, batch, self._would_be_caught_up)
         finally:
             t_fetch = time.perf_counter()
             absorbing.result()  # never leave the graph changing unjoined
@@ -517,38 +371,6 @@ class ConsumerService:
         """
         return catching_up(len(batch.records), self.settings.batch_max_events,
                            self._source().highwaters(), self._positions_after(batch.next_offsets))
-
-    def _prefetch_during(self, ranking: Future[Any], current: Fetched) -> None:
-        """Poll and decode the next batch, and more while the engines still work.
-
-        Decoding is the main thread's largest cost and needs no shared state, so a
-        long refresh (about a second on a 1.4M-page graph) is used to decode up to
-        :data:`MAX_PREFETCH_BATCHES` batches ahead. With no batch in hand the poll
-        waits up to ``poll_timeout_ms`` as usual; the extra polls wait at most
-        :data:`EXTRA_POLL_MS` each and stop as soon as the engines are done. No poll
-        follows a batch that reaches the caught-up targets or a stop request, and
-        none follows one that was not full, ``current`` included: once caught up, a
-        batch polled now would hold only what arrived so far and then wait for this
-        whole refresh before the engines take it. Polled by the next step instead,
-        right after the engines took this batch, it holds everything that arrived
-        meanwhile and is still planned while the engines refresh (1M-page stream,
-        latency phase: p50/p99 2.00/2.72 s -> 1.67/2.29 s).
-        """
-        latest = self._prefetched[-1] if self._prefetched else current
-        while (len(self._prefetched) < MAX_PREFETCH_BATCHES
-               and not self._would_be_caught_up(latest.next_offsets)
-               and not self.stop_event.is_set()):
-            in_hand = bool(self._prefetched)
-            if (len(latest.records) < self.settings.batch_max_events
-                    or (in_hand and ranking.done())):
-                return
-            fetched = self.fetch(timeout_ms=EXTRA_POLL_MS if in_hand else None)
-            if fetched is None:
-                if in_hand:
-                    continue  # the client had nothing buffered yet; the engines still work
-                return
-            self._prefetched.append(fetched)
-            latest = fetched
 
     def _settle_commit(self) -> None:
         """Wait for the graph transaction in flight, if any (raises what it raised)."""
@@ -671,51 +493,12 @@ class ConsumerService:
 
     def _commit(self, planned: PlannedBatch) -> None:
         bulk = self.options.bulk_writes
-        self._fenced("committing the graph", lambda: commit_graph(
+        recovery = self.recovery
+        recovery.fenced("committing the graph", lambda: commit_graph(
             self.redis, self.keys, planned.write, fence=self.lock, bulk=bulk))
         # Runs on the single writer thread, in batch order.
-        self._committed = (planned.write.counters.version,
-                           {**self._committed[1], **planned.write.offsets})
-
-    def _fenced(self, what: str, action: Callable[[], T]) -> T:
-        """Run a fenced Redis write with retries; on a lease change continue or rebuild."""
-        while True:
-            try:
-                return self._retry(what, action)
-            except (LockLost, redis.WatchError):
-                self._regain_lease()
-
-    def _regain_lease(self) -> None:
-        """The lease changed under a transaction: continue, rebuild or stop.
-
-        The graph writer and the publisher may both get here after one freeze; they
-        go one at a time, so the second finds the lease ours again and both compare
-        Redis with the same committed state.
-        """
-        with self._regain_mutex:
-            self._regain_lease_locked()
-
-    def _regain_lease_locked(self) -> None:
-        if self._retry("checking the lease", self.lock.still_ours):
-            return  # the WATCH tripped for another reason (e.g. our key expired and came back)
-        if not self._retry("taking the lease again", self.lock.reacquire):
-            raise LockHeld(f"another consumer took {self.keys.lock} while this one was "
-                           "stalled; stopping")
-        with redis_errors("checking for foreign writes"):
-            stored_version = self.redis.hget(self.keys.graph, "version")
-            stored_offsets = self.redis.hgetall(self.keys.offsets)
-        # Compared with the last transaction that committed (the mirror may already
-        # hold the batch whose transaction was refused).
-        version, offsets = self._committed
-        ours = {k: str(v) for k, v in offsets.items()}
-        raw: dict[bytes, bytes] = dict(stored_offsets)  # type: ignore[arg-type]
-        stored = {k.decode(): v.decode() for k, v in raw.items()
-                  if k.decode().rpartition(":")[0] == self.settings.topic}
-        if int(stored_version or 0) == version and stored == ours:
-            log.warning("lease re-taken; nobody wrote meanwhile, continuing")
-            return
-        log.warning("lease re-taken after a foreign write; rebuilding the mirror")
-        raise MirrorStale()
+        recovery.committed = (planned.write.counters.version,
+                              {**recovery.committed[1], **planned.write.offsets})
 
     def _rebuild(self) -> None:
         with contextlib.suppress(Exception):  # whatever was in flight is void now
@@ -726,16 +509,16 @@ class ConsumerService:
             self.publications.wait()
         self.publications.reset()  # the rebuilt mirror republishes every page
         self._unrefreshed = False
-        self._prefetched.clear()
+        self.batches.clear()
         old = self._mirror()
         warm = {alg: old.ranks.scores(alg) for alg in old.start_reports}
-        self.mirror = self._retry("rebuilding the mirror",
-                                  lambda: Mirror.load(self.redis, self.keys, self.settings,
-                                                      warm=warm))
-        self._committed = (self.mirror.counters.version, self.mirror.offsets_fields())
+        self.mirror = self.recovery.retry(
+            "rebuilding the mirror",
+            lambda: Mirror.load(self.redis, self.keys, self.settings, warm=warm))
+        self.recovery.committed = (self.mirror.counters.version, self.mirror.offsets_fields())
         tune_garbage_collector()
         self.publications.publish_now(self.mirror, self.mirror.start_reports)
-        self._retry("seeking", lambda: self._source().seek(self._mirror().offsets))
+        self.recovery.retry("seeking", lambda: self._source().seek(self._mirror().offsets))
 
     # -- status ---------------------------------------------------------------------
     def _set_state(self, state: str, *, force: bool = False) -> None:

@@ -10,6 +10,7 @@ from consumer.dead_letters import DeadLetter, dead_letter_headers
 from consumer.jsonlog import JsonFormatter, safe_address
 from consumer.kafka_source import Record
 from consumer.lock import Holder
+from consumer.prefetch import decode_records
 from consumer.score_publisher import is_fresh, meta_fields
 from consumer.stats import (
     ConsumerStats,
@@ -18,6 +19,7 @@ from consumer.stats import (
     lag_by_partition,
     seconds_to_catch_up,
 )
+from producer.schema import DEFAULT_LIMITS
 
 
 def test_holder_round_trips_and_tolerates_garbage():
@@ -89,3 +91,16 @@ def test_lag_and_rates():
     stats.record_batch(10, 100, 0.01)
     fields = stats.status_fields(topic="t", version=1, stale_ignored=2, dlq_total=3)
     assert fields["events"] == "10" and fields["dlq"] == "3" and json.loads(fields["lag"]) == {}
+
+
+def test_decode_records_keeps_order_dead_letters_the_bad_and_tracks_next_offsets():
+    good = b'{"type":"link_added","src":"https://a.test/","dst":"https://b.test/"}'
+    records = [Record(0, 7, b"k", good, 0), Record(1, 3, b"k", b"{not json", 0),
+               Record(0, 8, b"k", b'{"type":"page_removed","url":"https://a.test/"}', 0),
+               Record(1, 4, None, b"\xff\xfe", 0)]
+    batch = decode_records(records, DEFAULT_LIMITS)
+    assert [type(e).__name__ for e in batch.events] == ["LinkAddedEvent", "PageRemovedEvent"]
+    assert [(d.record.offset, d.reason.split(":")[0]) for d in batch.letters] == [
+        (3, "malformed JSON"), (4, "not UTF-8")]
+    assert batch.next_offsets == {0: 9, 1: 5}
+    assert batch.records is records

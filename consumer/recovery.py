@@ -1,0 +1,180 @@
+"""How the consumer rides out failures: retries with backoff, and lease recovery.
+
+The decisions (see also docs/redis-keys.md):
+
+* Redis errors around a transaction: the identical write is retried with bounded
+  exponential backoff (0.1 s doubling to 5 s, with jitter; never a hot loop).
+  The write is idempotent, so a retry after an EXEC that did commit is harmless.
+  Nothing is published meanwhile, and the batch in flight is the only one the
+  mirror holds beyond Redis.
+* Lease lost (frozen past its TTL): if the lease is free we take it again; if
+  Redis shows that nobody wrote in between (same graph version and offsets) we
+  carry on, otherwise the batch is dropped, the mirror (which may already hold
+  that batch) is rebuilt from Redis and Kafka is re-positioned at the Redis
+  offsets (:class:`MirrorStale`, handled by the service). If another consumer
+  holds the lease we stop with an error.
+* Kafka errors while polling or sending dead letters: retried with the same
+  backoff (dead letters may be sent twice; never lost).
+* After a stop request, a failing write is retried for at most ``stop_grace_s``
+  more, then given up (``ServiceUnavailable``).
+
+One :class:`Recovery` serves all threads of a consumer process: the main thread,
+the graph writer and the score writer. Lease recovery runs one thread at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import redis
+
+from consumer.keys import Keys
+from consumer.lock import ConsumerLock, LockHeld, LockLost
+from consumer.redis_store import redis_errors
+from consumer.stats import ConsumerStats
+from rankstream.errors import ServiceUnavailable
+
+log = logging.getLogger("rankstream.consumer")
+
+T = TypeVar("T")
+
+RETRYABLE = (redis.ConnectionError, redis.TimeoutError, ServiceUnavailable)
+
+
+class MirrorStale(Exception):
+    """Someone else wrote the prefix while we did not hold the lease: rebuild."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with jitter: ``initial_s`` doubling up to ``max_s``."""
+
+    initial_s: float = 0.1
+    max_s: float = 5.0
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before retry number ``attempt + 1``."""
+        base = min(self.max_s, self.initial_s * (2 ** min(attempt, 16)))
+        # Jitter in [base/2, base]: no thundering herd, never a hot loop.
+        return base * (0.5 + random.random() / 2)
+
+    def sleep(self, attempt: int) -> None:
+        time.sleep(self.delay(attempt))
+
+
+class Recovery:
+    """Retries and lease recovery for one consumer process.
+
+    Args:
+        client: the consumer's Redis client.
+        lock: its lease.
+        keys: its key layout (the graph and offsets keys are compared after a
+            lease change).
+        topic: its topic (only this topic's offsets are compared).
+        stats: ``retries`` and ``state`` are updated here.
+        backoff: the delays between attempts.
+        stop_grace_s: how long a failing write is retried after a stop request.
+        set_state: reports ``"waiting"`` while retrying and ``"running"`` once an
+            attempt succeeded again (the service's status heartbeat).
+    """
+
+    def __init__(self, client: redis.Redis, lock: ConsumerLock, keys: Keys, topic: str,
+                 stats: ConsumerStats, backoff: Backoff, *, stop_grace_s: float,
+                 set_state: Callable[[str], None]) -> None:
+        self.client = client
+        self.lock = lock
+        self.keys = keys
+        self.topic = topic
+        self.stats = stats
+        self.backoff = backoff
+        self.stop_grace_s = stop_grace_s
+        self._set_state = set_state
+        self.stop_requested_at: float | None = None  # monotonic time of a stop request
+        # (graph version, P offsets fields) as of the last transaction that committed:
+        # what Redis must still hold for a re-taken lease to carry on.
+        self.committed: tuple[int, dict[str, int]] = (0, {})
+        self._mutex = threading.Lock()
+
+    def retry(self, what: str, action: Callable[[], T]) -> T:
+        """``action()``, retried with backoff while it fails with a RETRYABLE error."""
+        attempt = 0
+        while True:
+            try:
+                result = action()
+                if attempt and self.stats.state == "waiting":
+                    log.info("recovered", extra={"fields": {"what": what, "attempts": attempt}})
+                    self._set_state("running")
+                return result
+            except RETRYABLE as exc:
+                attempt += 1
+                self.stats.retries += 1
+                if (self.stop_requested_at is not None
+                        and time.monotonic() - self.stop_requested_at > self.stop_grace_s):
+                    raise ServiceUnavailable(f"gave up {what} after the stop request: {exc}"
+                                             ) from exc
+                log.warning("retrying", extra={"fields": {"what": what, "attempt": attempt,
+                                                          "error": str(exc)[:300]}})
+                self._set_state("waiting")
+                self.backoff.sleep(attempt - 1)
+
+    def wait_for_redis(self, within_s: float, stop_event: threading.Event) -> None:
+        """Ping Redis until it answers; give up after ``within_s`` or a stop request."""
+        deadline = time.monotonic() + within_s
+        attempt = 0
+        while True:
+            try:
+                with redis_errors("connecting"):
+                    self.client.ping()
+                return
+            except ServiceUnavailable:
+                if time.monotonic() > deadline or stop_event.is_set():
+                    raise
+                self.backoff.sleep(attempt)
+                attempt += 1
+
+    def fenced(self, what: str, action: Callable[[], T]) -> T:
+        """Run a fenced Redis write with retries; on a lease change continue, or raise
+        :class:`MirrorStale` (rebuild) or ``LockHeld`` (stop)."""
+        while True:
+            try:
+                return self.retry(what, action)
+            except (LockLost, redis.WatchError):
+                self._regain_lease()
+
+    def _regain_lease(self) -> None:
+        """The lease changed under a transaction: continue, rebuild or stop.
+
+        The graph writer and the publisher may both get here after one freeze; they
+        go one at a time, so the second finds the lease ours again and both compare
+        Redis with the same committed state.
+        """
+        with self._mutex:
+            self._regain_lease_locked()
+
+    def _regain_lease_locked(self) -> None:
+        if self.retry("checking the lease", self.lock.still_ours):
+            return  # the WATCH tripped for another reason (e.g. our key expired and came back)
+        if not self.retry("taking the lease again", self.lock.reacquire):
+            raise LockHeld(f"another consumer took {self.keys.lock} while this one was "
+                           "stalled; stopping")
+        with redis_errors("checking for foreign writes"):
+            stored_version = self.client.hget(self.keys.graph, "version")
+            stored_offsets = self.client.hgetall(self.keys.offsets)
+        # Compared with the last transaction that committed (the mirror may already
+        # hold the batch whose transaction was refused).
+        version, offsets = self.committed
+        ours = {k: str(v) for k, v in offsets.items()}
+        raw: dict[bytes, bytes] = dict(stored_offsets)  # type: ignore[arg-type]
+        stored = {k.decode(): v.decode() for k, v in raw.items()
+                  if k.decode().rpartition(":")[0] == self.topic}
+        if int(stored_version or 0) == version and stored == ours:
+            log.warning("lease re-taken; nobody wrote meanwhile, continuing")
+            return
+        log.warning("lease re-taken after a foreign write; rebuilding the mirror")
+        raise MirrorStale()
