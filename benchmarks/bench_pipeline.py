@@ -373,17 +373,30 @@ def run_latency(settings: Settings, stream: Sequence[tuple[bytes, bytes, int]],
         for i in range(len(samples) - 1, -1, -1):
             next_usable[i] = i if usable[i] else next_usable[i + 1]
         latencies = []
+        stamps = []
         for ts, partition, offset in sent:
             first = int(np.searchsorted(covered[partition], offset + 1))
             hit = int(next_usable[min(first, len(samples))])
             if hit < len(samples):
                 latencies.append(times[hit] - ts)
+                stamps.append(ts)
         lat = np.array(latencies) / 1000.0
+        if not name and lat.size:
+            say("  p99 per 5 s of the phase (s)              " + windowed_p99(
+                (np.array(stamps) - min(stamps)) / 1000.0, lat, 5.0))
         result[f"{name}visible"] = float(lat.size)
         for label, q in (("p50", 50), ("p99", 99), ("max", 100)):
             result[f"{name}{label}"] = float(np.percentile(lat, q)) if lat.size else float("nan")
     result.update(publication_stats(log_path))
     return result
+
+
+def windowed_p99(offsets_s: np.ndarray, latencies: np.ndarray, window_s: float) -> str:
+    """The p99 latency of the events stamped in each ``window_s`` of the phase: is
+    the tail the restart's warm-up, or steady?"""
+    window = (offsets_s // window_s).astype(np.int64)
+    return " ".join(f"{np.percentile(latencies[window == w], 99):.2f}"
+                    for w in range(int(window.max()) + 1) if np.any(window == w))
 
 
 def publication_stats(log_path: str) -> dict[str, float]:
