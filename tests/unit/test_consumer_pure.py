@@ -5,12 +5,14 @@ from __future__ import annotations
 import io
 import json
 import logging
+import threading
 
 from consumer.dead_letters import DeadLetter, dead_letter_headers
 from consumer.jsonlog import JsonFormatter, safe_address
 from consumer.kafka_source import Record
 from consumer.lock import Holder
-from consumer.prefetch import decode_records
+from consumer.prefetch import EXTRA_POLL_MS, MAX_PREFETCH_BATCHES, Prefetcher, decode_records
+from consumer.recovery import Backoff
 from consumer.score_publisher import is_fresh, meta_fields
 from consumer.stats import (
     ConsumerStats,
@@ -104,3 +106,72 @@ def test_decode_records_keeps_order_dead_letters_the_bad_and_tracks_next_offsets
         (3, "malformed JSON"), (4, "not UTF-8")]
     assert batch.next_offsets == {0: 9, 1: 5}
     assert batch.records is records
+
+
+def test_backoff_doubles_with_jitter_up_to_its_cap():
+    backoff = Backoff(initial_s=0.1, max_s=5.0)
+    for attempt, base in ((0, 0.1), (1, 0.2), (3, 0.8), (6, 5.0), (60, 5.0)):
+        delays = [backoff.delay(attempt) for _ in range(200)]
+        assert all(base / 2 <= d <= base for d in delays), attempt
+        assert len(set(delays)) > 1  # jittered: no thundering herd
+
+
+class _FakeSource:
+    """Stands in for KafkaSource.poll only (the policy below never touches Kafka)."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+        self.polls: list[int] = []
+        self.offset = 0
+
+    def poll(self, max_records: int, timeout_ms: int) -> list[Record]:
+        self.polls.append(timeout_ms)
+        size = min(self.sizes.pop(0), max_records) if self.sizes else 0
+        records = [Record(0, self.offset + i, None, b"{}", 0) for i in range(size)]
+        self.offset += size
+        return records
+
+
+class _Work:
+    """A stand-in for the engines' future: done after ``polls`` more polls."""
+
+    def __init__(self, source: _FakeSource, polls: int) -> None:
+        self.source, self.until = source, len(source.polls) + polls
+
+    def done(self) -> bool:
+        return len(self.source.polls) >= self.until
+
+
+def _prefetcher(source: _FakeSource) -> Prefetcher:
+    return Prefetcher(lambda: source, DEFAULT_LIMITS, batch_max_events=10, poll_timeout_ms=200,
+                      backoff=Backoff(0.001, 0.001), stop_event=threading.Event())
+
+
+def _never(next_offsets: dict[int, int]) -> bool:
+    return False
+
+
+def test_decoding_ahead_polls_while_the_engines_work_and_only_after_full_batches():
+    source = _FakeSource([10, 10, 10, 10, 10, 10])
+    ahead = _prefetcher(source)
+    current = ahead.next()
+    assert current is not None and len(current.records) == 10
+    ahead.decode_during(_Work(source, 2), current, _never)
+    # The first poll waits as usual, the extra one briefly; then the engines are done.
+    assert source.polls == [200, 200, EXTRA_POLL_MS] and len(ahead.ahead) == 2
+    ahead.decode_during(_Work(source, 10), current, _never)
+    assert len(ahead.ahead) == MAX_PREFETCH_BATCHES  # bounded
+    # After a batch that was not full (caught up), nothing is polled during the work.
+    source = _FakeSource([4, 10])
+    ahead = _prefetcher(source)
+    short = ahead.next()
+    assert short is not None
+    ahead.decode_during(_Work(source, 5), short, _never)
+    assert source.polls == [200] and not ahead.ahead
+    # Nor after a batch that reaches the caught-up targets.
+    source = _FakeSource([10, 10])
+    ahead = _prefetcher(source)
+    full = ahead.next()
+    assert full is not None
+    ahead.decode_during(_Work(source, 5), full, lambda offsets: True)
+    assert source.polls == [200] and not ahead.ahead
