@@ -366,21 +366,34 @@ def full_residual_pull(kind, damping, num_nodes, live, y, r, in_start, in_len, i
     Every page sums its own in-links, so threads never write the same entry: the
     drift guard and WPR's full-pass absorb (a full residual every batch of a
     growing graph) use the machine's second core when it is free.
+
+    One random read per in-link: given its column's mode, a weight is the column's
+    scale times a factor of the target alone (``_edge_factor``), so the factor is
+    applied once per page. WPR's mode-2 columns (``so == 0``) point only to pages
+    without out-links, and those pages get factor ``I * 0 = 0`` from mode-1 columns:
+    a page with out-links sums the mode 0/1 values, a page without sums the mode-2
+    values. (1M pages, one thread: 95 -> 79 ms for WPR, 80 -> 40 ms for PageRank,
+    against reading each column's mode beside its value.)
     """
-    column = np.empty(num_nodes, dtype=np.float64)
-    modes = np.empty(num_nodes, dtype=np.int8)
+    column = np.empty(num_nodes, dtype=np.float64)  # modes 0 and 1
+    column2 = np.empty(num_nodes, dtype=np.float64)  # mode 2
     for m in numba.prange(num_nodes):
         scale, mode = _column_scale(kind, m, out_len, si, so)
-        column[m] = damping * y[m] * scale
-        modes[m] = mode
+        value = damping * y[m] * scale
+        column[m] = 0.0 if mode == 2 else value
+        column2[m] = value if mode == 2 else 0.0
     base_value = 1.0 - damping
     for n in numba.prange(num_nodes):
         acc = 0.0
         start = in_start[n]
-        for i in range(in_len[n]):
-            m = in_nbr[start + i]
-            if column[m] != 0.0:
-                acc += column[m] * _edge_factor(modes[m], n, in_len, out_len)
+        if kind == KIND_PAGERANK or out_len[n] > 0:
+            for i in range(in_len[n]):
+                acc += column[in_nbr[start + i]]
+        else:
+            for i in range(in_len[n]):
+                acc += column2[in_nbr[start + i]]
+        if kind != KIND_PAGERANK:
+            acc *= _edge_factor(1 if out_len[n] > 0 else 2, n, in_len, out_len)
         r[n] = (base_value if live[n] else 0.0) - y[n] + acc
     return abs_stats(r, num_nodes)
 
