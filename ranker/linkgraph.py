@@ -206,7 +206,8 @@ class LinkGraph:
         Same ids as calling :meth:`intern` key by key, but known keys are looked up in
         one ``map`` and revived in one vectorised step: the consumer interns every
         link of every ``page`` event (~10 per event), and a Python call per link was
-        the largest cost of planning a batch (~90 of ~200 ms per 5,000 events).
+        the largest cost of planning a batch. Planning 5,000 events on a 400k-page
+        graph: 81 ms, 55-60 ms with this and the out-link reads the applier skips.
         """
         found: list[int | None] = list(map(self._index.get, keys))
         if None in found:  # new keys, in first-seen order (a repeated one gets one id)
