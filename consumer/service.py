@@ -17,7 +17,7 @@ batch; publications run on a second writer thread (:mod:`consumer.publishing`) a
 coalesced (batches that finish while one is being written join the next). A
 publication only ever covers batches whose transaction committed. While catching
 up, batches are only absorbed by the engines until a publication can start, and one
-refresh then covers them (:meth:`ConsumerService._refresh_due`); the refresh after
+refresh then covers them (:meth:`consumer.pacing.Pacing.refresh_due`); the refresh after
 a batch is capped at ``batch_max_sweeps`` sweeps' worth of work, idle and final
 refreshes are not. The status heartbeat is written from a thread of its own.
 
@@ -46,12 +46,13 @@ from consumer.kafka_source import KafkaSource, ensure_topics
 from consumer.keys import Keys
 from consumer.lock import DEFAULT_TTL_MS, ConsumerLock
 from consumer.mirror import Mirror, PlannedBatch
+from consumer.pacing import Pacing
 from consumer.prefetch import Fetched, Prefetcher
 from consumer.publishing import Publications
 from consumer.recovery import Backoff, MirrorStale, Recovery
 from consumer.redis_store import connect_redis, redis_errors
 from consumer.score_publisher import ScorePublisher
-from consumer.stats import ConsumerStats, catching_up, lag_by_partition, seconds_to_catch_up
+from consumer.stats import ConsumerStats, catching_up, lag_by_partition
 from consumer.status_writer import StatusWriter
 from ranker import set_kernel_threads
 from rankstream.settings import Settings
@@ -61,13 +62,6 @@ log = logging.getLogger("rankstream.consumer")
 T = TypeVar("T")
 
 MAX_IDLE_REFRESHES = 5  # extra refreshes before a --until-caught-up exit
-# While a capped publication leaves the published scores lagging y by a relative L1
-# distance L (see consumer.score_publisher), refining y per batch far below L is work
-# nobody can see yet: the engines then refresh to CATCHUP_SHARE * L (never looser
-# than CATCHUP_MAX_TOLERANCE, never tighter than the tolerance). Idle refreshes and
-# the final publication always go back to the tolerance, so `fresh` means the same.
-CATCHUP_SHARE = 0.1
-CATCHUP_MAX_TOLERANCE = 1e-2
 
 
 @dataclass(frozen=True)
@@ -119,10 +113,12 @@ class ConsumerService:
         self.publications = Publications(self.publisher, self.stats, self.recovery.fenced,
                                          self.lock,
                                          min_interval_s=self.options.min_publish_interval_s)
+        self.pacing = Pacing(self.publications, self.stats, tolerance=settings.tolerance,
+                             batch_max_sweeps=settings.batch_max_sweeps,
+                             stop_event=self.stop_event)
         self.mirror: Mirror | None = None
         self.source: KafkaSource | None = None
         self.dlq: DeadLetterSender | None = None
-        self._targets: dict[int, int] | None = None
         self._holding = False  # status is written only while we hold the lease
         # Graph transactions run on one writer thread (in order) while the main thread
         # decodes the next batch.
@@ -192,10 +188,10 @@ class ConsumerService:
         partitions = retry("assigning partitions",
                            lambda: self._source().assign(self._mirror().offsets))
         if self.options.until_caught_up:
-            self._targets = retry("reading end offsets", self._source().end_offsets)
+            self.pacing.targets = retry("reading end offsets", self._source().end_offsets)
         log.info("consuming", extra={"fields": {"partitions": partitions,
                                                 "offsets": self._mirror().offsets,
-                                                "targets": self._targets}})
+                                                "targets": self.pacing.targets}})
         self._set_state("running")
 
     def _mirror(self) -> Mirror:
@@ -312,11 +308,13 @@ class ConsumerService:
         # The engines absorb the batch while its transaction is in flight (Redis and
         # this process work in parallel); scores are published only once it committed.
         full = self._catching_up(batch)
-        refresh = self._refresh_due(full, last=self._drain_comes_first(batch.next_offsets))
+        pacing = self.pacing
+        refresh = pacing.refresh_due(
+            full, last=pacing.drain_comes_first(self._positions_after(batch.next_offsets)))
         absorbing = self._ranker.submit(mirror.absorb_planned, planned)
         refreshing = (self._ranker.submit(mirror.ranks.refresh,
-                                          tolerance=self._batch_tolerance(),
-                                          max_sweeps=self._batch_sweeps())
+                                          tolerance=pacing.batch_tolerance(),
+                                          max_sweeps=pacing.batch_sweeps())
                       if refresh else None)
         self._uncommitted = commit
         self._refreshing = refreshing
@@ -378,29 +376,6 @@ class ConsumerService:
         if commit is not None:
             commit.result()
 
-    def _refresh_due(self, full: bool, *, last: bool = False) -> bool:
-        """Refresh the engines after this batch, or only absorb it?
-
-        While catching up (``full``: a full batch is waiting, see
-        :meth:`_catching_up`) scores are published only
-        every few batches (see :meth:`_maybe_publish`), and a refresh nobody publishes
-        is wasted: one refresh after several batches costs about as much as one after
-        a single batch (on 1.4M pages, 12 batches of 50k links: 0.68 s per batch
-        refreshing each, 0.28 s refreshing every fourth). So such a batch is only
-        absorbed unless a publication could start after it; anything else (caught
-        up, stopping) is refreshed, and an idle consumer refreshes what is left.
-
-        ``last``: :meth:`drain` follows before a publication started now could end
-        (:meth:`_drain_comes_first`). The batch is only absorbed: a publication of it
-        would rewrite a buffer that the drain's rewrites again, and delay the drain's
-        by its whole length.
-        """
-        if last:
-            return False
-        if not full or self.stop_event.is_set():
-            return True
-        return self.publications.due(lagging=True)
-
     def _refresh(self, *, tolerance: float | None = None, max_sweeps: float | None = None
                  ) -> None:
         """Refresh the engines here and now; their reports become pending."""
@@ -412,47 +387,16 @@ class ConsumerService:
     def _refresh_absorbed(self) -> None:
         """Refresh the engines if batches were absorbed since their last refresh."""
         if self._unrefreshed:
-            self._refresh(tolerance=self._batch_tolerance(), max_sweeps=self._batch_sweeps())
-
-    def _batch_sweeps(self) -> float | None:
-        """The work cap of the refresh after a batch (see Settings.batch_max_sweeps)."""
-        return self.settings.batch_max_sweeps or None
-
-    def _batch_tolerance(self) -> float | None:
-        """The engines' refresh target for the next batch (None: the tolerance)."""
-        lag = self.publications.lag
-        if lag <= 0.0 or not self.publications.capped:
-            return None
-        target = min(CATCHUP_SHARE * lag, CATCHUP_MAX_TOLERANCE)
-        return target if target > self.settings.tolerance else None
+            self._refresh(tolerance=self.pacing.batch_tolerance(),
+                          max_sweeps=self.pacing.batch_sweeps())
 
     def _positions_after(self, next_offsets: dict[int, int]) -> dict[int, int]:
         """Next offset per partition once a batch ending at ``next_offsets`` is applied."""
         return {**self._mirror().offsets, **next_offsets}
 
     def _would_be_caught_up(self, next_offsets: dict[int, int]) -> bool:
-        if self._targets is None:
-            return False
-        positions = self._positions_after(next_offsets)
-        return all(positions.get(p, 0) >= end for p, end in self._targets.items() if end > 0)
-
-    def _drain_comes_first(self, next_offsets: dict[int, int]) -> bool:
-        """``--until-caught-up``: after a batch ending at ``next_offsets``, is the rest of
-        the backlog consumed, and :meth:`drain` reached, before a publication as long
-        as the last one could end?
-
-        Counted at the recent pace of this consumer. On the 1M-page stream a full
-        publication that started two batches before the end (11.4 s, 2.8M members)
-        was still running when the drain began, and the drain's own full rewrite
-        (8.4 s) waited for it: 20 s of a 119 s run.
-        """
-        if self._targets is None:
-            return False
-        if self._would_be_caught_up(next_offsets):
-            return True
-        left_s = seconds_to_catch_up(self._targets, self._positions_after(next_offsets),
-                                     self.stats.events_meter.rate())
-        return left_s < self.publications.last_seconds
+        """Would a batch ending at ``next_offsets`` reach the caught-up targets?"""
+        return self.pacing.caught_up(self._positions_after(next_offsets))
 
     def drain(self) -> None:
         """Publish everything pending and wait for it (called before a clean exit)."""

@@ -6,11 +6,15 @@ import io
 import json
 import logging
 import threading
+import time
+
+import pytest
 
 from consumer.dead_letters import DeadLetter, dead_letter_headers
 from consumer.jsonlog import JsonFormatter, safe_address
 from consumer.kafka_source import Record
 from consumer.lock import Holder
+from consumer.pacing import Pacing
 from consumer.prefetch import EXTRA_POLL_MS, MAX_PREFETCH_BATCHES, Prefetcher, decode_records
 from consumer.recovery import Backoff
 from consumer.score_publisher import is_fresh, meta_fields
@@ -175,3 +179,50 @@ def test_decoding_ahead_polls_while_the_engines_work_and_only_after_full_batches
     assert full is not None
     ahead.decode_during(_Work(source, 5), full, lambda offsets: True)
     assert source.polls == [200] and not ahead.ahead
+
+
+class _Publications:
+    """The parts of consumer.publishing.Publications that Pacing reads."""
+
+    def __init__(self, *, due: bool = True, lag: float = 0.0, capped: bool = True,
+                 last_seconds: float = 0.0) -> None:
+        self.is_due, self.lag, self.capped, self.last_seconds = due, lag, capped, last_seconds
+
+    def due(self, *, lagging: bool) -> bool:
+        assert lagging
+        return self.is_due
+
+
+def _pacing(publications: _Publications, *, sweeps: float = 0.25) -> Pacing:
+    return Pacing(publications, ConsumerStats(), tolerance=1e-6, batch_max_sweeps=sweeps,
+                  stop_event=threading.Event())
+
+
+def test_pacing_refreshes_when_a_publication_can_follow_and_no_tighter_than_it_shows():
+    pacing = _pacing(_Publications(due=False))
+    assert pacing.refresh_due(False) and not pacing.refresh_due(True)  # caught up / catching up
+    assert not pacing.refresh_due(False, last=True)  # the drain follows
+    pacing.stop_event.set()
+    assert pacing.refresh_due(True)
+    assert _pacing(_Publications(due=True)).refresh_due(True)
+    assert _pacing(_Publications()).batch_sweeps() == 0.25
+    assert _pacing(_Publications(), sweeps=0.0).batch_sweeps() is None
+    # The target follows the published lag: a tenth of it, at most 1e-2, never
+    # tighter than the tolerance, and only while publications are capped.
+    assert _pacing(_Publications(lag=0.0)).batch_tolerance() is None
+    assert _pacing(_Publications(lag=0.05)).batch_tolerance() == pytest.approx(5e-3)
+    assert _pacing(_Publications(lag=1.0)).batch_tolerance() == 1e-2
+    assert _pacing(_Publications(lag=5e-6)).batch_tolerance() is None
+    assert _pacing(_Publications(lag=0.05, capped=False)).batch_tolerance() is None
+
+
+def test_pacing_knows_when_the_drain_comes_before_a_publication_could_end():
+    pacing = _pacing(_Publications(last_seconds=5.0))
+    assert not pacing.caught_up({0: 10}) and not pacing.drain_comes_first({0: 10})
+    pacing.targets = {0: 10_000, 1: 0}  # an empty partition needs nothing
+    assert pacing.caught_up({0: 10_000}) and pacing.drain_comes_first({0: 10_000})
+    assert not pacing.drain_comes_first({0: 9_800})  # no pace measured yet
+    pacing.stats.events_meter.add(1000, now=time.monotonic() - 5.0)
+    pacing.stats.events_meter.add(1000)  # ~400 events/s
+    assert pacing.drain_comes_first({0: 9_800})  # ~0.5 s left; a publication takes 5 s
+    assert not pacing.drain_comes_first({0: 0})  # ~25 s left
