@@ -36,7 +36,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any
 
 from consumer.cpython_tuning import tune_garbage_collector, tune_gil_switching
 from consumer.dead_letters import DeadLetterSender
@@ -58,8 +58,6 @@ from ranker import set_kernel_threads
 from rankstream.settings import Settings
 
 log = logging.getLogger("rankstream.consumer")
-
-T = TypeVar("T")
 
 MAX_IDLE_REFRESHES = 5  # extra refreshes before a --until-caught-up exit
 
