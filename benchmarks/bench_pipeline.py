@@ -63,8 +63,9 @@ from consumer.kafka_source import (
     RECEIVE_MAX_BYTES,
 )
 from consumer.keys import Keys
+from consumer.options import ConsumeOptions
 from consumer.redis_store import connect_redis, load_stored
-from consumer.service import ConsumeOptions, ConsumerService
+from consumer.service import ConsumerService
 from producer.synthetic import synthetic_event_dicts
 from rankstream.services import up
 from rankstream.services.kafka import delete_topics, ensure_topics

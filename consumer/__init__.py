@@ -3,7 +3,7 @@
 Public API:
 
 * :class:`ConsumerService` / :func:`run_consumer` with :class:`ConsumeOptions`:
-  the ``rankstream consume`` loop (consumer/service.py);
+  the ``rankstream consume`` loop (consumer/service.py, consumer/options.py);
 * readers of the public Redis layout (docs/redis-keys.md): :func:`top`,
   :func:`score`, :func:`status`, :func:`meta`;
 * :class:`Keys`: every key name under a prefix; :func:`connect_redis`: a redis-py
@@ -11,9 +11,10 @@ Public API:
 """
 
 from consumer.keys import ALGORITHMS, Keys
+from consumer.options import ConsumeOptions
 from consumer.readers import Meta, meta, score, status, top
 from consumer.redis_store import connect_redis
-from consumer.service import ConsumeOptions, ConsumerService, run_consumer
+from consumer.service import ConsumerService, run_consumer
 
 __all__ = [
     "ALGORITHMS",

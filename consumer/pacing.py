@@ -10,12 +10,16 @@ its publications (:mod:`consumer.publishing`), its pace and, with
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
+from concurrent import futures
+from concurrent.futures import Future
+from typing import Any
 
 from consumer.publishing import Publications
 from consumer.stats import ConsumerStats, seconds_to_catch_up
 
-__all__ = ["CATCHUP_MAX_TOLERANCE", "CATCHUP_SHARE", "Pacing"]
+__all__ = ["CATCHUP_MAX_TOLERANCE", "CATCHUP_SHARE", "POLL_MARGIN_S", "Pacing"]
 
 # While a capped publication leaves the published scores lagging y by a relative L1
 # distance L (see consumer.score_publisher), refining y per batch far below L is work
@@ -24,6 +28,14 @@ __all__ = ["CATCHUP_MAX_TOLERANCE", "CATCHUP_SHARE", "Pacing"]
 # the final publication always go back to the tolerance, so `fresh` means the same.
 CATCHUP_SHARE = 0.1
 CATCHUP_MAX_TOLERANCE = 1e-2
+# Once caught up, a batch polled while the engines still refresh the last one waits
+# for that refresh, and so does every event in it. So the next poll is put off until
+# the refresh is expected to end, less what polling, decoding and planning took last
+# time and POLL_MARGIN_S to spare: the batch then also holds what arrived meanwhile,
+# and the engines take it about as soon as they are free (see Pacing.poll_delay).
+POLL_MARGIN_S = 0.03
+# Weight of the newest measurement in the running estimates of both durations.
+SMOOTHING = 0.3
 
 
 class Pacing:
@@ -46,6 +58,11 @@ class Pacing:
         self.stop_event = stop_event
         # --until-caught-up: the end offsets read at start, per partition.
         self.targets: dict[int, int] | None = None
+        # For poll_delay: when the refresh in flight began, and running estimates of
+        # how long a refresh takes and of poll + decode + plan (the lead).
+        self.refresh_began: float | None = None
+        self.refresh_s = 0.0
+        self.lead_s = 0.0
 
     def caught_up(self, positions: Mapping[int, int]) -> bool:
         """Do ``positions`` (next offset per partition) reach the targets?"""
@@ -92,6 +109,42 @@ class Pacing:
             return True
         return self.publications.due(lagging=True)
 
+    def refresh_started(self, now: float) -> None:
+        """The engines began a refresh after a batch (``now``: time.perf_counter())."""
+        self.refresh_began = now
+
+    def refresh_took(self, seconds: float) -> None:
+        """The refresh that began last took ``seconds`` (its reports' sum)."""
+        self.refresh_began = None
+        self.refresh_s = _smoothed(self.refresh_s, seconds)
+
+    def planned(self, seconds: float) -> None:
+        """A batch took ``seconds`` from its poll to the end of its planning."""
+        self.lead_s = _smoothed(self.lead_s, seconds)
+
+    def poll_delay(self, now: float) -> float:
+        """Caught up, with the engines refreshing the last batch: seconds to wait before
+        polling the next one (0: poll now). See POLL_MARGIN_S.
+
+        Polling late costs the engines at most the lead's misestimate in idle time,
+        and only once caught up, where the events of a batch polled early would wait
+        out the refresh anyway (the latency phase of the 1M-page stream: 0.17-0.33 s
+        per batch, planned and waiting).
+        """
+        if self.refresh_began is None or self.stop_event.is_set():
+            return 0.0
+        expected_end = self.refresh_began + self.refresh_s
+        return max(0.0, expected_end - self.lead_s - POLL_MARGIN_S - now)
+
+    def wait_before_polling(self, refreshing: Future[Any] | None) -> None:
+        """Caught up: wait up to :meth:`poll_delay` for ``refreshing`` (the engines'
+        refresh after the last batch, if any) before the next poll."""
+        if refreshing is None:
+            return
+        delay = self.poll_delay(time.perf_counter())
+        if delay > 0.0:
+            futures.wait([refreshing], timeout=delay)
+
     def batch_sweeps(self) -> float | None:
         """The work cap of the refresh after a batch (see Settings.batch_max_sweeps)."""
         return self.batch_max_sweeps or None
@@ -103,3 +156,8 @@ class Pacing:
             return None
         target = min(CATCHUP_SHARE * lag, CATCHUP_MAX_TOLERANCE)
         return target if target > self.tolerance else None
+
+
+def _smoothed(estimate: float, sample: float) -> float:
+    """An exponentially weighted running estimate (the first sample taken as is)."""
+    return sample if estimate == 0.0 else (1.0 - SMOOTHING) * estimate + SMOOTHING * sample

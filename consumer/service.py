@@ -19,7 +19,10 @@ publication only ever covers batches whose transaction committed. While catching
 up, batches are only absorbed by the engines until a publication can start, and one
 refresh then covers them (:meth:`consumer.pacing.Pacing.refresh_due`); the refresh after
 a batch is capped at ``batch_max_sweeps`` sweeps' worth of work, idle and final
-refreshes are not. The status heartbeat is written from a thread of its own.
+refreshes are not. Once caught up, the next poll waits until shortly before the
+refresh should end (:meth:`consumer.pacing.Pacing.poll_delay`), so each batch
+holds everything that arrived until the engines can take it. The status
+heartbeat is written from a thread of its own.
 
 Failure handling (retries with backoff, lease recovery): :mod:`consumer.recovery`.
 SIGTERM/SIGINT: the current batch is finished and published, then a clean exit (0).
@@ -34,7 +37,6 @@ import signal
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -44,8 +46,9 @@ from consumer.graph_write import commit_graph
 from consumer.jsonlog import safe_address
 from consumer.kafka_source import KafkaSource, ensure_topics
 from consumer.keys import Keys
-from consumer.lock import DEFAULT_TTL_MS, ConsumerLock
+from consumer.lock import ConsumerLock
 from consumer.mirror import Mirror, PlannedBatch
+from consumer.options import ConsumeOptions
 from consumer.pacing import Pacing
 from consumer.prefetch import Fetched, Prefetcher
 from consumer.publishing import Publications
@@ -60,26 +63,6 @@ from rankstream.settings import Settings
 log = logging.getLogger("rankstream.consumer")
 
 MAX_IDLE_REFRESHES = 5  # extra refreshes before a --until-caught-up exit
-
-
-@dataclass(frozen=True)
-class ConsumeOptions:
-    """Run-time options of one consumer process (the CLI flags)."""
-
-    until_caught_up: bool = False
-    max_seconds: float | None = None
-    lock_ttl_ms: int = DEFAULT_TTL_MS
-    bulk_writes: bool = True
-    status_interval_s: float = 1.0
-    # Between the end of a publication and the start of the next (once caught up):
-    # a capped publication takes a few hundred ms of Redis, and any pause here adds
-    # directly to the event-to-score latency (while catching up the pause is as long
-    # as the last publication, which leaves Redis to the graph half the time).
-    min_publish_interval_s: float = 0.05
-    backoff_initial_s: float = 0.1
-    backoff_max_s: float = 5.0
-    stop_grace_s: float = 30.0
-    startup_wait_s: float = 60.0
 
 
 class ConsumerService:
@@ -249,6 +232,10 @@ class ConsumerService:
         """
         batch = None
         try:
+            polled = not self.batches.ahead  # a fresh poll, not a batch decoded ahead
+            if polled and not self._lagging:
+                self.pacing.wait_before_polling(self._refreshing)
+            polled_at = time.perf_counter()
             batch = self.batches.next()
             if batch is None:
                 # Idle: publish what is pending now (without waiting for it).
@@ -260,13 +247,16 @@ class ConsumerService:
                     self.refresh_if_stale()
                 self._heartbeat()
                 return 0
-            self.process(batch)
+            self.process(batch, polled_at=polled_at if polled else None)
         except MirrorStale:
             self._rebuild()
         return len(batch.records) if batch is not None else 0
 
-    def process(self, batch: Fetched) -> None:
+    def process(self, batch: Fetched, *, polled_at: float | None = None) -> None:
         """Dead letters, commit, apply and publish one decoded batch.
+
+        ``polled_at``: when its poll began, if it was polled just now (the pacing of
+        polls, :meth:`consumer.pacing.Pacing.poll_delay`, learns from it).
 
         The batch's transaction and the engines' refresh after it are left running
         when this returns: the next batch is planned meanwhile, and the next call
@@ -285,6 +275,8 @@ class ConsumerService:
         planned = mirror.plan(batch.events, batch.next_offsets, len(batch.records),
                               len(batch.letters))
         t_plan = time.perf_counter()
+        if polled_at is not None:
+            self.pacing.planned(t_plan - polled_at)
         if batch.letters:
             dlq = self.dlq
             assert dlq is not None
@@ -324,6 +316,8 @@ class ConsumerService:
             t_fetch = time.perf_counter()
             absorbing.result()  # never leave the graph changing unjoined
         t_rank = time.perf_counter()
+        if refreshing is not None:
+            pacing.refresh_started(t_rank)  # the ranker thread went on to it
         self._source().commit_for_monitoring(batch.next_offsets)
         done = time.perf_counter()
         self.stats.record_batch(len(batch.records), planned.write.link_changes, done - started)
@@ -349,6 +343,7 @@ class ConsumerService:
         if refreshing is None:
             return
         reports = refreshing.result()
+        self.pacing.refresh_took(sum(float(r.seconds) for r in reports.values()))
         self.publications.pending.update(reports)
         log.info("refreshed", extra={"fields": {
             "version": self._mirror().counters.version,

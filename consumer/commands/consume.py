@@ -6,7 +6,8 @@ import argparse
 
 from consumer.jsonlog import setup_json_logging
 from consumer.lock import DEFAULT_TTL_MS
-from consumer.service import ConsumeOptions, run_consumer
+from consumer.options import ConsumeOptions
+from consumer.service import run_consumer
 from rankstream.errors import ConfigError
 from rankstream.settings import Settings
 

@@ -14,8 +14,9 @@ import redis as redis_py
 
 from consumer import readers
 from consumer.keys import ALGORITHMS, Keys
+from consumer.options import ConsumeOptions
 from consumer.redis_store import connect_redis, load_stored
-from consumer.service import ConsumeOptions, ConsumerService
+from consumer.service import ConsumerService
 from producer.client import LinkPublisher
 from producer.schema import Limits, decode_event
 from producer.synthetic import synthetic_event_dicts

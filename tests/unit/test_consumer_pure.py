@@ -14,8 +14,14 @@ from consumer.dead_letters import DeadLetter, dead_letter_headers
 from consumer.jsonlog import JsonFormatter, safe_address
 from consumer.kafka_source import Record
 from consumer.lock import Holder
-from consumer.pacing import Pacing
-from consumer.prefetch import EXTRA_POLL_MS, MAX_PREFETCH_BATCHES, Prefetcher, decode_records
+from consumer.pacing import POLL_MARGIN_S, Pacing
+from consumer.prefetch import (
+    EXTRA_POLL_MS,
+    MAX_PREFETCH_BATCHES,
+    TOP_UP_POLL_MS,
+    Prefetcher,
+    decode_records,
+)
 from consumer.recovery import Backoff
 from consumer.score_publisher import is_fresh, meta_fields
 from consumer.stats import (
@@ -26,6 +32,7 @@ from consumer.stats import (
     seconds_to_catch_up,
 )
 from producer.schema import DEFAULT_LIMITS
+from rankstream.errors import ServiceUnavailable
 
 
 def test_holder_round_trips_and_tolerates_garbage():
@@ -166,12 +173,12 @@ def test_decoding_ahead_polls_while_the_engines_work_and_only_after_full_batches
     ahead.decode_during(_Work(source, 10), current, _never)
     assert len(ahead.ahead) == MAX_PREFETCH_BATCHES  # bounded
     # After a batch that was not full (caught up), nothing is polled during the work.
-    source = _FakeSource([4, 10])
+    source = _FakeSource([4, 0, 10])
     ahead = _prefetcher(source)
     short = ahead.next()
     assert short is not None
     ahead.decode_during(_Work(source, 5), short, _never)
-    assert source.polls == [200] and not ahead.ahead
+    assert source.polls == [200, TOP_UP_POLL_MS] and not ahead.ahead
     # Nor after a batch that reaches the caught-up targets.
     source = _FakeSource([10, 10])
     ahead = _prefetcher(source)
@@ -179,6 +186,25 @@ def test_decoding_ahead_polls_while_the_engines_work_and_only_after_full_batches
     assert full is not None
     ahead.decode_during(_Work(source, 5), full, lambda offsets: True)
     assert source.polls == [200] and not ahead.ahead
+
+
+def test_a_short_poll_is_topped_up_by_a_second_one_for_the_fetch_in_flight():
+    source = _FakeSource([4, 3, 5])
+    fetched = _prefetcher(source).next()
+    assert fetched is not None and [r.offset for r in fetched.records] == list(range(7))
+    assert source.polls == [200, TOP_UP_POLL_MS] and fetched.next_offsets == {0: 7}
+    source = _FakeSource([10, 5])  # a full batch needs no top-up
+    assert len(_prefetcher(source).next().records) == 10 and source.polls == [200]  # type: ignore[union-attr]
+
+    class _Failing(_FakeSource):
+        def poll(self, max_records: int, timeout_ms: int) -> list[Record]:
+            if self.polls:
+                raise ServiceUnavailable("broker gone")
+            return super().poll(max_records, timeout_ms)
+
+    failing = _Failing([4])
+    fetched = _prefetcher(failing).next()  # the next poll reports the failure
+    assert fetched is not None and len(fetched.records) == 4
 
 
 class _Publications:
@@ -226,3 +252,20 @@ def test_pacing_knows_when_the_drain_comes_before_a_publication_could_end():
     pacing.stats.events_meter.add(1000)  # ~400 events/s
     assert pacing.drain_comes_first({0: 9_800})  # ~0.5 s left; a publication takes 5 s
     assert not pacing.drain_comes_first({0: 0})  # ~25 s left
+
+
+def test_pacing_puts_a_poll_off_until_shortly_before_the_refresh_should_end():
+    pacing = _pacing(_Publications())
+    assert pacing.poll_delay(100.0) == 0.0  # no refresh in flight
+    pacing.refresh_started(100.0)
+    assert pacing.poll_delay(100.0) == 0.0  # nothing measured yet: poll now
+    pacing.refresh_took(0.4)
+    pacing.planned(0.1)
+    pacing.refresh_started(200.0)
+    assert pacing.poll_delay(200.0) == pytest.approx(0.3 - POLL_MARGIN_S)
+    assert pacing.poll_delay(200.35) == 0.0  # late already
+    pacing.refresh_took(0.8)  # running estimates: 0.7 x old + 0.3 x new
+    assert pacing.refresh_s == pytest.approx(0.52) and pacing.refresh_began is None
+    pacing.refresh_started(300.0)
+    pacing.stop_event.set()
+    assert pacing.poll_delay(300.0) == 0.0  # stopping: no waiting
