@@ -117,6 +117,7 @@ class Publications:
         if not force and time.monotonic() - self._last_end < self.gap(lagging=lagging):
             return
         reports, self.pending = self.pending, {}
+        prepare_started = time.perf_counter()
         publication = self.publisher.prepare(mirror.ranks, reports,
                                              version=mirror.counters.version,
                                              offsets=mirror.offsets_fields(),
@@ -124,7 +125,8 @@ class Publications:
         self._last_sent = reports
         self.lag = max(((item.bound - float(reports[item.algorithm].bound)) / item.total
                         for item in publication.summary if item.total > 0), default=0.0)
-        self._in_flight = self._executor.submit(self._send, publication, after)
+        prepare_s = time.perf_counter() - prepare_started
+        self._in_flight = self._executor.submit(self._send, publication, after, prepare_s)
 
     def flush(self, mirror: Any, *, after: Future[None] | None = None) -> None:
         """Wait for the publication in flight, then publish what is pending and wait."""
@@ -149,10 +151,12 @@ class Publications:
     def close(self) -> None:
         self._executor.shutdown(wait=True)
 
-    def _send(self, publication: Publication, after: Future[None] | None) -> bool:
+    def _send(self, publication: Publication, after: Future[None] | None,
+              prepare_s: float) -> bool:
         """Write one publication, fenced; repeated whole after an error (idempotent).
 
         Nothing is written before ``after`` (a graph transaction) committed.
+        ``prepare_s``: how long building it took (logged).
         """
         if after is not None:
             after.result()
@@ -172,7 +176,8 @@ class Publications:
             self.stats.bound[item.algorithm] = item.bound
             self.stats.fresh[item.algorithm] = item.fresh
         log.info("published", extra={"fields": {
-            "seconds": round(elapsed, 4), "chunks": len(publication.chunks),
+            "seconds": round(elapsed, 4), "prepare_s": round(prepare_s, 4),
+            "chunks": len(publication.chunks),
             "members": publication.members,
             "written": {i.algorithm: i.written for i in publication.summary},
             "unwritten": {i.algorithm: i.unwritten for i in publication.summary},

@@ -49,6 +49,34 @@ def unwritten_within(diffs: np.ndarray, budget: float) -> np.ndarray:
     return keep
 
 
+def _largest_moves(ids: np.ndarray, diffs: np.ndarray, count: int, room: float
+                   ) -> tuple[np.ndarray, float]:
+    """The ``count`` largest moves, and the budget ``room`` left once the others stay
+    unwritten (negative: they do not all fit, so none of the largest can stay).
+
+    The same outcome as leaving the smallest moves unwritten within ``room`` first
+    and capping the rest at ``count`` (the budget always leaves the smallest), in
+    one selection instead of a pass over every move and then a selection: on a
+    growing 1.5M-page graph nearly every page moves, and the old order cost ~40 ms
+    per algorithm on the consumer's main thread per publication.
+    """
+    total = float(diffs.sum())
+    if count == 0:
+        return ids[:0], room - total
+    # Select among the moves above a threshold read off a strided sample (about
+    # twice ``count`` of them), not among all: a selection over 1.5M values costs
+    # ~17 ms; when too few pass, over all of them after all.
+    stride = max(1, diffs.size // (64 * count))
+    sample = diffs[::stride]
+    rank = min(sample.size - 1, 2 * count // stride)
+    threshold = np.partition(sample, sample.size - 1 - rank)[sample.size - 1 - rank]
+    pool = np.flatnonzero(diffs >= threshold)
+    if pool.size < count:
+        pool = np.arange(diffs.size)
+    top = pool[np.argpartition(diffs[pool], pool.size - count)[pool.size - count:]]
+    return ids[top], room - (total - float(diffs[top].sum()))
+
+
 @dataclass
 class ZsetRecord:
     """What one Redis ZSET holds, by page id: the score (0 where absent) and presence."""
@@ -106,16 +134,14 @@ def plan_writes(y: np.ndarray, live: np.ndarray, record: ZsetRecord, *, threshol
     candidate = stale & (diff > threshold)
     dust = float(diff[stale & ~candidate].sum())
     add = missing | candidate
-    if budget - dust > 0.0:
-        cand_ids = np.flatnonzero(candidate)
-        keep = unwritten_within(diff[cand_ids], budget - dust)
-        add[cand_ids[keep]] = False
-    if max_updates is not None:
-        updates = np.flatnonzero(add & ~missing)
-        drop = updates.size - max(max_updates, 0)
-        if drop > 0:
-            smallest = np.argpartition(diff[updates], drop - 1)[:drop]
-            add[updates[smallest]] = False
+    cand_ids = np.flatnonzero(candidate)
+    room = budget - dust
+    if max_updates is not None and cand_ids.size > max(max_updates, 0):
+        cand_ids, room = _largest_moves(cand_ids, diff[cand_ids], max(max_updates, 0), room)
+        add[candidate] = False
+        add[cand_ids] = True
+    if room > 0.0 and cand_ids.size:
+        add[cand_ids[unwritten_within(diff[cand_ids], room)]] = False
     add_ids = np.flatnonzero(add)
     live_count = int(np.count_nonzero(live))
     rebuild = (live_count >= REBUILD_MIN_MEMBERS
@@ -132,6 +158,7 @@ def plan_writes(y: np.ndarray, live: np.ndarray, record: ZsetRecord, *, threshol
     present[add_ids] = True
     values[remove_ids] = 0.0
     present[remove_ids] = False
-    remainder = float(np.abs(y[live] - values[live]).sum())
-    unwritten = int(np.count_nonzero(live & (values != y)))
+    left = np.abs(y - values)
+    remainder = float(left.sum(where=live))
+    unwritten = int(np.count_nonzero(live & (left != 0.0)))
     return WritePlan(add_ids, add_values, remove_ids, unwritten, remainder, rebuild)

@@ -57,6 +57,38 @@ def test_plan_with_no_budget_writes_every_move_above_the_threshold():
 
 
 @settings(max_examples=100, deadline=None)
+def _reference_updates(diff: np.ndarray, room: float, cap: int) -> np.ndarray:
+    """Slow and obvious: leave the smallest moves unwritten while they fit ``room``,
+    then write only the ``cap`` largest of the rest. Returns the written diffs."""
+    ordered = np.sort(diff)
+    left = int(np.searchsorted(np.cumsum(ordered), room, side="right")) if room > 0 else 0
+    rest = ordered[left:]
+    return rest[rest.size - min(cap, rest.size):]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 60), st.floats(0.0, 40.0),
+       st.sampled_from([0, 3, 1000]))
+def test_capped_plan_writes_what_budget_then_cap_would_on_large_zsets(seed, cap, budget, levels):
+    # Thousands of moves, so the selection reads its threshold off a sample;
+    # ``levels`` quantizes the moves into that many values (ties at the threshold).
+    rng = np.random.default_rng(seed)
+    n = 5000
+    y = rng.random(n) + 0.5
+    move = rng.exponential(0.01, n)
+    if levels:
+        move = np.round(move * levels / move.max()) / levels * move.max()
+    rec = record(y + move, np.ones(n, dtype=bool))
+    live = np.ones(n, dtype=bool)
+    plan = plan_writes(y, live, rec, threshold=0.0, budget=budget, max_updates=cap)
+    written = np.sort(move[plan.add_ids])
+    expected = _reference_updates(move[move > 0.0], budget, cap)
+    assert written.size == expected.size
+    assert np.allclose(written, expected, rtol=0, atol=1e-12)
+    assert math.isclose(plan.remainder, float(move.sum() - written.sum()), rel_tol=1e-9,
+                        abs_tol=1e-12)
+
+
 @given(st.integers(0, 2**32 - 1), st.integers(0, 30))
 def test_capped_plan_adds_every_new_page_and_only_the_largest_moves(seed, cap):
     rng = np.random.default_rng(seed)
