@@ -89,7 +89,7 @@ class Pacing:
     def refresh_due(self, full: bool, *, last: bool = False) -> bool:
         """Refresh the engines after this batch, or only absorb it?
 
-        While catching up (``full``: a full batch is waiting, see
+        While catching up (``full``: several full batches wait, see
         ``ConsumerService._catching_up``) scores are published only every few
         batches (see ``ConsumerService._maybe_publish``), and a refresh nobody
         publishes is wasted: one refresh after several batches costs about as much as

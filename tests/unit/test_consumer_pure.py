@@ -25,6 +25,7 @@ from consumer.prefetch import (
 from consumer.recovery import Backoff
 from consumer.score_publisher import is_fresh, meta_fields
 from consumer.stats import (
+    CATCHUP_BACKLOG_BATCHES,
     ConsumerStats,
     RateMeter,
     catching_up,
@@ -87,11 +88,11 @@ def test_safe_address_drops_credentials():
 
 def test_lag_and_rates():
     assert lag_by_partition({0: 10, 1: 5}, {0: 7}) == {0: 3, 1: 5}
-    # A full batch, or a short one (a fetch-buffer boundary) with a full batch waiting.
-    assert catching_up(100, 100, {}, {})
-    assert catching_up(40, 100, {0: 1000, 1: 60}, {0: 950, 1: 0})
-    assert not catching_up(40, 100, {0: 1000, 1: 60}, {0: 990, 1: 0})
-    assert not catching_up(40, 100, {}, {0: 5})  # nothing fetched yet: no known backlog
+    # Catching up: CATCHUP_BACKLOG_BATCHES full batches (or more) waiting.
+    assert CATCHUP_BACKLOG_BATCHES == 1
+    assert catching_up(100, {0: 1000, 1: 60}, {0: 950, 1: 10})
+    assert not catching_up(100, {0: 1000, 1: 60}, {0: 990, 1: 0})  # 70 left
+    assert not catching_up(100, {}, {0: 5})  # nothing fetched yet: no known backlog
     assert seconds_to_catch_up({0: 1000, 1: 60}, {0: 800, 1: 60}, pace=100.0) == 2.0
     assert seconds_to_catch_up({0: 1000}, {0: 1000}, pace=0.0) == 0.0
     assert seconds_to_catch_up({0: 1000}, {}, pace=0.0) == float("inf")  # no pace yet
