@@ -18,7 +18,10 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from consumer.lock import ConsumerLock
 from consumer.score_publisher import Publication, ScorePublisher
@@ -35,6 +38,28 @@ log = logging.getLogger("rankstream.consumer")
 LAGGING_PUBLISH_GAP = 3.0
 
 Fenced = Callable[[str, Callable[[], bool]], bool]
+
+
+@dataclass(frozen=True)
+class ScoresAsOf:
+    """The engines' scores as of one refresh, copied (what a publication reads of them)."""
+
+    graph: Any
+    y: dict[str, np.ndarray]
+
+    def scores(self, algorithm: str) -> np.ndarray:
+        return self.y[algorithm]
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A due publication's inputs, taken before the engines go on (:meth:`Publications.take`)."""
+
+    ranks: Any  # the engines (consumer.mirror.Mirror.ranks) or a ScoresAsOf copy
+    reports: dict[str, Any]
+    version: int
+    offsets: dict[str, int]
+    live: np.ndarray  # the absorbed ids' live flags (a new array after every absorb)
 
 
 class Publications:
@@ -108,20 +133,40 @@ class Publications:
         ``after``: the graph transaction of the last batch it covers, if it may still
         be running.
         """
+        taken = self.take(mirror, lagging=lagging, force=force, blocked=blocked, copy=False)
+        if taken is not None:
+            self.start_taken(taken, after=after)
+
+    def take(self, mirror: Any, *, lagging: bool, force: bool = False, blocked: bool = False,
+             copy: bool = True) -> Taken | None:
+        """The first half of :meth:`start`: if a publication is due, take the pending
+        reports and what the publication reads of ``mirror`` (``copy``: the scores
+        copied), so the engines may take the next batch before :meth:`start_taken`
+        builds it. Building one (~65 ms on 1.4M pages) then overlaps the engines'
+        absorb instead of holding them idle.
+        """
         if self._in_flight is not None:
             if not self._in_flight.done():
-                return
+                return None
             self.wait()  # surfaces its error, if any
         if not self.pending or blocked:
-            return
+            return None
         if not force and time.monotonic() - self._last_end < self.gap(lagging=lagging):
-            return
+            return None
         reports, self.pending = self.pending, {}
+        ranks = mirror.ranks
+        if copy:
+            ranks = ScoresAsOf(ranks.graph, {a: np.array(ranks.scores(a)) for a in reports})
+        return Taken(ranks, reports, mirror.counters.version, mirror.offsets_fields(),
+                     mirror.absorbed_live)
+
+    def start_taken(self, taken: Taken, *, after: Future[None] | None = None) -> None:
+        """Build the publication :meth:`take` took and start writing it."""
+        reports = taken.reports
         prepare_started = time.perf_counter()
-        publication = self.publisher.prepare(mirror.ranks, reports,
-                                             version=mirror.counters.version,
-                                             offsets=mirror.offsets_fields(),
-                                             capped=self.capped, live=mirror.absorbed_live)
+        publication = self.publisher.prepare(taken.ranks, reports, version=taken.version,
+                                             offsets=taken.offsets, capped=self.capped,
+                                             live=taken.live)
         self._last_sent = reports
         self.lag = max(((item.bound - float(reports[item.algorithm].bound)) / item.total
                         for item in publication.summary if item.total > 0), default=0.0)

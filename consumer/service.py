@@ -284,12 +284,14 @@ class ConsumerService:
             self.recovery.retry("sending dead letters", lambda: dlq.send(letters))
             self.stats.dlq_sent += len(letters)
         t_sent = time.perf_counter()
-        # The previous batch's refresh: its reports, and a publication if one is due,
-        # before the engines take this batch (decoding ahead while it runs).
+        # The previous batch's refresh: its reports, and a publication if one is due
+        # (its scores copied before the engines take this batch; decoding ahead while
+        # the refresh runs).
         if self._refreshing is not None:
             self.batches.decode_during(self._refreshing, batch, self._would_be_caught_up)
         self._collect_refresh()
-        self._maybe_publish()
+        publication = self.publications.take(mirror, lagging=self._lagging,
+                                             blocked=self._unrefreshed)
         t_refreshed = time.perf_counter()
         # The previous batch's transaction ran while this one was planned.
         self._settle_commit()
@@ -311,6 +313,9 @@ class ConsumerService:
         self._unrefreshed = not refresh
         self._lagging = full
         try:
+            if publication is not None:
+                # Built while the engines absorb (the transaction it covers committed).
+                self.publications.start_taken(publication)
             self.batches.decode_during(absorbing, batch, self._would_be_caught_up)
         finally:
             t_fetch = time.perf_counter()
@@ -334,7 +339,7 @@ class ConsumerService:
 
     def _collect_refresh(self) -> None:
         """Wait for the refresh still running after the last batch; its reports become
-        pending (published by the next :meth:`_maybe_publish` that is due).
+        pending (published once a publication is due: see :meth:`process`).
 
         Anything that reads the engines or changes the graph calls this first: the
         refresh runs on the ranker thread while the main thread plans the next batch.
