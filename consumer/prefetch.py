@@ -1,8 +1,11 @@
 """Polling and decoding batches, ahead of the engines when they are busy.
 
-Decoding is the consumer's largest Python cost and needs no shared state, so the
-main thread polls and decodes the next batches while the engines absorb or refresh
-the current one on the ranker thread (:meth:`Prefetcher.decode_during`).
+Decoding is the consumer's largest Python cost and needs no shared state, so while
+catching up the main thread polls and decodes the next batches while the engines
+absorb or refresh the current one on the ranker thread
+(:meth:`Prefetcher.decode_during`). Once caught up, a batch polled early would only
+wait for the engines: the next poll is timed to them instead
+(:meth:`consumer.pacing.Pacing.poll_delay`).
 """
 
 from __future__ import annotations

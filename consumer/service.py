@@ -7,9 +7,10 @@ scores and meta once that EXEC succeeded (see :mod:`consumer.score_publisher`)
 -> commit offsets to Kafka (for lag tools only) -> status heartbeat.
 
 Concurrency: the graph transaction runs on a writer thread while a ranker thread
-applies the same batch to the engines (compiled kernels, GIL released) and the main
-thread polls and decodes the next one. The ranker thread then refreshes the engines
-while the main thread decodes up to four batches ahead and plans the next one
+applies the same batch to the engines (compiled kernels, GIL released) and, while
+catching up, the main thread polls and decodes the next one. The ranker thread then
+refreshes the engines while the main thread decodes (catching up: up to four batches
+ahead) and plans the next one
 (before that transaction has finished, and before the refresh has: planning only
 reads the graph and interns; see :meth:`ConsumerService.process`). The refresh is
 collected, and a publication started if due, before the engines take the next
@@ -20,9 +21,8 @@ up, batches are only absorbed by the engines until a publication can start, and 
 refresh then covers them (:meth:`consumer.pacing.Pacing.refresh_due`); the refresh after
 a batch is capped at ``batch_max_sweeps`` sweeps' worth of work, idle and final
 refreshes are not. Once caught up, the next poll waits until shortly before the
-refresh should end (:meth:`consumer.pacing.Pacing.poll_delay`), so each batch
-holds everything that arrived until the engines can take it. The status
-heartbeat is written from a thread of its own.
+refresh should end (:meth:`consumer.pacing.Pacing.poll_delay`): each batch then
+holds what arrived until the engines can take it. Status heartbeats have a thread.
 
 Failure handling (retries with backoff, lease recovery): :mod:`consumer.recovery`.
 SIGTERM/SIGINT: the current batch is finished and published, then a clean exit (0).
@@ -285,9 +285,9 @@ class ConsumerService:
             self.stats.dlq_sent += len(letters)
         t_sent = time.perf_counter()
         # The previous batch's refresh: its reports, and a publication if one is due
-        # (its scores copied before the engines take this batch; decoding ahead while
-        # the refresh runs).
-        if self._refreshing is not None:
+        # (its scores copied before the engines take this batch). While catching up,
+        # the next batches are decoded meanwhile.
+        if self._refreshing is not None and self._lagging:
             self.batches.decode_during(self._refreshing, batch, self._would_be_caught_up)
         self._collect_refresh()
         publication = self.publications.take(mirror, lagging=self._lagging,
@@ -304,19 +304,20 @@ class ConsumerService:
         refresh = pacing.refresh_due(
             full, last=pacing.drain_comes_first(self._positions_after(batch.next_offsets)))
         absorbing = self._ranker.submit(mirror.absorb_planned, planned)
-        refreshing = (self._ranker.submit(mirror.ranks.refresh,
-                                          tolerance=pacing.batch_tolerance(),
-                                          max_sweeps=pacing.batch_sweeps())
-                      if refresh else None)
-        self._uncommitted = commit
-        self._refreshing = refreshing
-        self._unrefreshed = not refresh
-        self._lagging = full
+        self._uncommitted, self._lagging, self._unrefreshed = commit, full, True
+        refreshing = None
         try:
             if publication is not None:
-                # Built while the engines absorb (the transaction it covers committed).
+                # Built while the engines absorb (the transaction it covers committed),
+                # and before the refresh is queued: it sets the lag that refresh targets.
                 self.publications.start_taken(publication)
-            self.batches.decode_during(absorbing, batch, self._would_be_caught_up)
+            if refresh:
+                refreshing = self._refreshing = self._ranker.submit(
+                    mirror.ranks.refresh, tolerance=pacing.batch_tolerance(),
+                    max_sweeps=pacing.batch_sweeps())
+                self._unrefreshed = False
+            if full:  # caught up, the next poll is timed to the engines instead
+                self.batches.decode_during(absorbing, batch, self._would_be_caught_up)
         finally:
             t_fetch = time.perf_counter()
             absorbing.result()  # never leave the graph changing unjoined
