@@ -89,9 +89,9 @@ class Pacing:
     def refresh_due(self, full: bool, *, last: bool = False) -> bool:
         """Refresh the engines after this batch, or only absorb it?
 
-        While catching up (``full``: several full batches wait, see
+        While catching up (``full``: a full batch or more waits beyond this one, see
         ``ConsumerService._catching_up``) scores are published only every few
-        batches (see ``ConsumerService._maybe_publish``), and a refresh nobody
+        batches (see :mod:`consumer.publishing`), and a refresh nobody
         publishes is wasted: one refresh after several batches costs about as much as
         one after a single batch (on 1.4M pages, 12 batches of 50k links: 0.68 s per
         batch refreshing each, 0.28 s refreshing every fourth). So such a batch is

@@ -6,9 +6,9 @@ batches applied while one is being written are covered by the next one
 (coalescing). It is written in small transactions that graph transactions
 interleave with, so it never stalls the graph; but on a growing graph it rewrites
 most of the ZSET, which costs Redis CPU that the graph needs too. So while the
-consumer catches up (several full batches waiting) the gap after a publication is
-at least :data:`LAGGING_PUBLISH_GAP` times as long as the publication took; once caught up
-it is ``min_interval_s``, so scores follow events closely. A publication never
+consumer catches up (a full batch or more waiting) the gap after a publication is
+at least :data:`LAGGING_PUBLISH_GAP` times as long as the publication took; once
+caught up it is ``min_interval_s``, so scores follow events closely. A publication never
 writes before the graph transaction of the last batch it covers has committed.
 """
 

@@ -120,7 +120,7 @@ class ConsumerService:
         self._uncommitted: Future[None] | None = None
         # The refresh after the last batch, while it may still run (see process).
         self._refreshing: Future[dict[str, Any]] | None = None
-        self._lagging = False  # after the last batch several were waiting: catching up
+        self._lagging = False  # a full batch waited beyond the last one: catching up
         # The engines absorbed batches since their last refresh: the pending reports
         # do not cover them, so nothing may be published before the next refresh.
         self._unrefreshed = False
@@ -316,7 +316,7 @@ class ConsumerService:
                     mirror.ranks.refresh, tolerance=pacing.batch_tolerance(),
                     max_sweeps=pacing.batch_sweeps())
                 self._unrefreshed = False
-            if full:  # caught up, the next poll is timed to the engines instead
+            if full:  # once caught up, the next poll is timed to the engines instead
                 self.batches.decode_during(absorbing, batch, self._would_be_caught_up)
         finally:
             t_fetch = time.perf_counter()
@@ -359,8 +359,7 @@ class ConsumerService:
             "relative_bound": {a: float(f"{r.relative_bound:.3g}") for a, r in reports.items()}}})
 
     def _catching_up(self, batch: Fetched) -> bool:
-        """Is a backlog of several batches still waiting after ``batch``?
-        (:func:`consumer.stats.catching_up`)
+        """Does a full batch or more wait after ``batch``? (:func:`consumer.stats.catching_up`)
 
         Counted from the offsets, not from the batch's size: counting only full batches
         let the short batch of a fetch-buffer boundary (one in fifteen on the 1M-page
