@@ -19,7 +19,8 @@ from typing import Any
 from consumer.publishing import Publications
 from consumer.stats import ConsumerStats, seconds_to_catch_up
 
-__all__ = ["CATCHUP_MAX_TOLERANCE", "CATCHUP_SHARE", "POLL_MARGIN_S", "Pacing"]
+__all__ = ["CATCHUP_MAX_TOLERANCE", "CATCHUP_SHARE", "POLL_MARGIN_S", "WARMUP_TOLERANCE",
+           "Pacing"]
 
 # While a capped publication leaves the published scores lagging y by a relative L1
 # distance L (see consumer.score_publisher), refining y per batch far below L is work
@@ -28,6 +29,18 @@ __all__ = ["CATCHUP_MAX_TOLERANCE", "CATCHUP_SHARE", "POLL_MARGIN_S", "Pacing"]
 # the final publication always go back to the tolerance, so `fresh` means the same.
 CATCHUP_SHARE = 0.1
 CATCHUP_MAX_TOLERANCE = 1e-2
+# Right after a start that lag is zero (the last consumer's final publication was
+# whole) and it builds up only over a dozen capped publications (to ~6e-2 within
+# ~5 s on the 1M-page stream). Meanwhile the engines refined to the tolerance, WPR
+# spending its whole work cap (0.27-0.52 s per refresh against ~0.18 s later), and a
+# fast stream's events piled up behind them: the first 5 s after a restart were the
+# tail of the latency phase. So a consumer starts warming up: the target is
+# WARMUP_TOLERANCE until the lag's own target reaches it, or until a publication
+# after the first batch leaves the published scores within the tolerance of y (the
+# stream is slow enough for whole publications; the target then follows the lag
+# from there). Alternating latency phases on one loaded 1M-page graph: p99 of the
+# first 5 s 3.36 and 3.84 s without, 1.82 and 1.78 s with (docs/benchmarks.md).
+WARMUP_TOLERANCE = 1e-3
 # Once caught up, a batch polled while the engines still refresh the last one waits
 # for that refresh, and so does every event in it. So the next poll is put off until
 # the refresh is expected to end, less what polling, decoding and planning took last
@@ -63,6 +76,10 @@ class Pacing:
         self.refresh_began: float | None = None
         self.refresh_s = 0.0
         self.lead_s = 0.0
+        # See WARMUP_TOLERANCE: warming up since the start, and the publication count
+        # when the first batch was refreshed.
+        self.warming = True
+        self._warm_from: int | None = None
 
     def caught_up(self, positions: Mapping[int, int]) -> bool:
         """Do ``positions`` (next offset per partition) reach the targets?"""
@@ -151,11 +168,25 @@ class Pacing:
 
     def batch_tolerance(self) -> float | None:
         """The engines' refresh target for the next batch (None: the tolerance)."""
-        lag = self.publications.lag
-        if lag <= 0.0 or not self.publications.capped:
+        if not self.publications.capped:
             return None
-        target = min(CATCHUP_SHARE * lag, CATCHUP_MAX_TOLERANCE)
+        target = min(CATCHUP_SHARE * self.publications.lag, CATCHUP_MAX_TOLERANCE)
+        if self.warming:
+            target = self._warm_up(target)
         return target if target > self.tolerance else None
+
+    def _warm_up(self, target: float) -> float:
+        """The target while warming up (see WARMUP_TOLERANCE), given the lag's own."""
+        count = self.publications.count
+        if self._warm_from is None:
+            self._warm_from = count
+        elif count > self._warm_from and self.publications.lag <= self.tolerance:
+            self.warming = False  # a whole publication: a slow stream
+            return target
+        if target >= WARMUP_TOLERANCE:
+            self.warming = False
+            return target
+        return WARMUP_TOLERANCE
 
 
 def _smoothed(estimate: float, sample: float) -> float:

@@ -91,6 +91,7 @@ class Publications:
         # A consumer on its way out writes its last publication whole: it clears this.
         self.capped = True
         self.lag = 0.0  # relative L1 distance of the last publication from y
+        self.count = 0  # publications built so far
 
     @property
     def last_seconds(self) -> float:
@@ -168,6 +169,7 @@ class Publications:
                                              offsets=taken.offsets, capped=self.capped,
                                              live=taken.live)
         self._last_sent = reports
+        self.count += 1
         self.lag = max(((item.bound - float(reports[item.algorithm].bound)) / item.total
                         for item in publication.summary if item.total > 0), default=0.0)
         prepare_s = time.perf_counter() - prepare_started

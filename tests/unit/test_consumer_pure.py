@@ -14,7 +14,7 @@ from consumer.dead_letters import DeadLetter, dead_letter_headers
 from consumer.jsonlog import JsonFormatter, safe_address
 from consumer.kafka_source import Record
 from consumer.lock import Holder
-from consumer.pacing import POLL_MARGIN_S, Pacing
+from consumer.pacing import POLL_MARGIN_S, WARMUP_TOLERANCE, Pacing
 from consumer.prefetch import (
     EXTRA_POLL_MS,
     MAX_PREFETCH_BATCHES,
@@ -214,6 +214,7 @@ class _Publications:
     def __init__(self, *, due: bool = True, lag: float = 0.0, capped: bool = True,
                  last_seconds: float = 0.0) -> None:
         self.is_due, self.lag, self.capped, self.last_seconds = due, lag, capped, last_seconds
+        self.count = 0
 
     def due(self, *, lagging: bool) -> bool:
         assert lagging
@@ -236,11 +237,34 @@ def test_pacing_refreshes_when_a_publication_can_follow_and_no_tighter_than_it_s
     assert _pacing(_Publications(), sweeps=0.0).batch_sweeps() is None
     # The target follows the published lag: a tenth of it, at most 1e-2, never
     # tighter than the tolerance, and only while publications are capped.
-    assert _pacing(_Publications(lag=0.0)).batch_tolerance() is None
     assert _pacing(_Publications(lag=0.05)).batch_tolerance() == pytest.approx(5e-3)
     assert _pacing(_Publications(lag=1.0)).batch_tolerance() == 1e-2
-    assert _pacing(_Publications(lag=5e-6)).batch_tolerance() is None
     assert _pacing(_Publications(lag=0.05, capped=False)).batch_tolerance() is None
+    warm = _pacing(_Publications(lag=5e-6))
+    warm.warming = False
+    assert warm.batch_tolerance() is None
+
+
+def test_pacing_warms_up_until_the_lag_builds_up_or_a_publication_is_whole():
+    # A fast stream: no tighter than WARMUP_TOLERANCE until the lag's target reaches it.
+    publications = _Publications(lag=0.0)
+    pacing = _pacing(publications)
+    assert pacing.batch_tolerance() == WARMUP_TOLERANCE  # the first batch after a start
+    publications.count, publications.lag = 1, 2e-3  # capped: the lag builds up
+    assert pacing.batch_tolerance() == WARMUP_TOLERANCE
+    publications.count, publications.lag = 2, 0.02
+    assert pacing.batch_tolerance() == pytest.approx(2e-3) and not pacing.warming
+    publications.count, publications.lag = 3, 5e-3
+    assert pacing.batch_tolerance() == pytest.approx(5e-4)  # follows the lag from now on
+    # A slow stream: the first publication after the first batch was whole.
+    publications = _Publications(lag=0.0)
+    pacing = _pacing(publications)
+    assert pacing.batch_tolerance() == WARMUP_TOLERANCE
+    assert pacing.batch_tolerance() == WARMUP_TOLERANCE  # no publication since
+    publications.count, publications.lag = 1, 3e-7
+    assert pacing.batch_tolerance() is None and not pacing.warming
+    publications.count, publications.lag = 2, 5e-6
+    assert pacing.batch_tolerance() is None
 
 
 def test_pacing_knows_when_the_drain_comes_before_a_publication_could_end():
