@@ -14,7 +14,7 @@ from consumer.dead_letters import DeadLetter, dead_letter_headers
 from consumer.jsonlog import JsonFormatter, safe_address
 from consumer.kafka_source import Record
 from consumer.lock import Holder
-from consumer.pacing import POLL_MARGIN_S, WARMUP_TOLERANCE, Pacing
+from consumer.pacing import POLL_MARGIN_S, WARMUP_PUBLICATIONS, WARMUP_TOLERANCE, Pacing
 from consumer.prefetch import (
     EXTRA_POLL_MS,
     MAX_PREFETCH_BATCHES,
@@ -245,7 +245,7 @@ def test_pacing_refreshes_when_a_publication_can_follow_and_no_tighter_than_it_s
     assert warm.batch_tolerance() is None
 
 
-def test_pacing_warms_up_until_the_lag_builds_up_or_a_publication_is_whole():
+def test_pacing_warms_up_until_the_lag_builds_up_or_for_a_few_publications():
     # A fast stream: no tighter than WARMUP_TOLERANCE until the lag's target reaches it.
     publications = _Publications(lag=0.0)
     pacing = _pacing(publications)
@@ -256,15 +256,15 @@ def test_pacing_warms_up_until_the_lag_builds_up_or_a_publication_is_whole():
     assert pacing.batch_tolerance() == pytest.approx(2e-3) and not pacing.warming
     publications.count, publications.lag = 3, 5e-3
     assert pacing.batch_tolerance() == pytest.approx(5e-4)  # follows the lag from now on
-    # A slow stream: the first publication after the first batch was whole.
+    # A stream whose publications stay whole: warming up ends after a few of them.
     publications = _Publications(lag=0.0)
+    publications.count = 1  # the start's own publication
     pacing = _pacing(publications)
-    assert pacing.batch_tolerance() == WARMUP_TOLERANCE
-    assert pacing.batch_tolerance() == WARMUP_TOLERANCE  # no publication since
-    publications.count, publications.lag = 1, 3e-7
+    for count in range(1, 1 + WARMUP_PUBLICATIONS):
+        publications.count, publications.lag = count, 3e-7
+        assert pacing.batch_tolerance() == WARMUP_TOLERANCE
+    publications.count = 1 + WARMUP_PUBLICATIONS
     assert pacing.batch_tolerance() is None and not pacing.warming
-    publications.count, publications.lag = 2, 5e-6
-    assert pacing.batch_tolerance() is None
 
 
 def test_pacing_knows_when_the_drain_comes_before_a_publication_could_end():
