@@ -197,7 +197,7 @@ class EventApplier:
     def apply(self, events: Sequence[Event]) -> AppliedEvents:
         """One net edge batch for ``events`` (see the module docstring for the rules)."""
         graph = self.graph
-        intern, intern_many = graph.intern, graph.intern_many
+        intern, intern_list = graph.intern, graph.intern_list
         overlay = _Overlay(graph)
         ts_updates: dict[int, int] = {}
         titles: dict[int, str] = {}
@@ -218,7 +218,7 @@ class EventApplier:
                         stale += 1
                         continue
                 page = intern(event.url)
-                targets = intern_many(event.links).tolist()
+                targets = intern_list(event.links)
                 overlay.replace(page, targets, when)
                 if event.ts is not None:
                     ts_updates[page] = event.ts
