@@ -215,8 +215,10 @@ class LinkGraph:
         link of every ``page`` event (~10 per event), and a Python call per link was
         the largest cost of planning a batch. Planning 5,000 events on a 400k-page
         graph: 81 ms, 55-60 ms with this and the out-link reads the applier skips. A
-        list, because the applier keeps per-page sets of ids: building an array and
-        converting it back, and the liveness check, cost ~3 us of ~9 per event.
+        list, because the applier keeps per-page sets of ids: without an array built
+        and converted back per event, and without the liveness check on a graph that
+        never removed a page, planning took 15.0-17.1 us per event instead of
+        17.2-20.2 (5,000-event batches of the 1M-page stream, interleaved runs).
         """
         found: list[int | None] = list(map(self._index.get, keys))
         if None in found:  # new keys, in first-seen order (a repeated one gets one id)
