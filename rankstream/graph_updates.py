@@ -31,6 +31,7 @@ The applier does keep its own record of the last ``ts`` per page, updated by
 from __future__ import annotations
 
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -83,7 +84,7 @@ class _Overlay:
         self.base: dict[int, set[int]] = {}  # graph.out_links at load time, for the diff
         self.removed_at: dict[int, int] = {}  # page -> event index of its last removal
         self.dead: set[int] = set()  # removed and not revived (so far)
-        self._final: dict[int, set[int]] | None = None
+        self._final: dict[int, AbstractSet[int]] | None = None
 
     def _graph_out(self, page: int) -> set[int]:
         known = self.base.get(page)
@@ -120,18 +121,20 @@ class _Overlay:
         self.removed_at[page] = when
         self.dead.add(page)
 
-    def final_links(self) -> dict[int, set[int]]:
+    def final_links(self) -> dict[int, AbstractSet[int]]:
         """Each touched page's out-links at the end of the batch."""
         if self._final is None:
             removed_at = self.removed_at
+            if not removed_at:  # no removal: the links as they stand (no copies)
+                self._final = {page: links.keys() for page, links in self.out.items()}
+                return self._final
             removed = removed_at.keys()
-            final: dict[int, set[int]] = {}
+            final: dict[int, AbstractSet[int]] = {}
             for page, links in self.out.items():
                 current = set(links)
-                if removed_at:
-                    for target in links.keys() & removed:
-                        if links[target] < removed_at[target]:
-                            current.discard(target)
+                for target in links.keys() & removed:
+                    if links[target] < removed_at[target]:
+                        current.discard(target)
                 final[page] = current
             self._final = final
         return self._final
@@ -145,6 +148,10 @@ class _Overlay:
         final = self.final_links()
         for page, links in final.items():
             old = self._graph_out(page)
+            if not old:  # a page crawled for the first time: every link is new
+                ins_src.extend([page] * len(links))
+                ins_dst.extend(links)
+                continue
             added = links - old
             if added:
                 ins_src.extend([page] * len(added))
