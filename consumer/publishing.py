@@ -86,7 +86,7 @@ class Publications:
         # Latest engine report per algorithm not yet published.
         self.pending: dict[str, Any] = {}
         self._last_sent: dict[str, Any] = {}
-        self._last_end = 0.0
+        self._last_end = float("-inf")  # never: monotonic time may be near 0 after boot
         self._last_seconds = 0.0
         # A consumer on its way out writes its last publication whole: it clears this.
         self.capped = True

@@ -37,7 +37,9 @@ class StatusWriter:
         self.interval_s = interval_s
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="status")
         self._in_flight: Future[None] | None = None
-        self._last = 0.0
+        # Not 0.0: time.monotonic() counts from boot on Linux, so on a machine up for
+        # less than interval_s a zero would make the first heartbeat look recent.
+        self._last = float("-inf")
 
     def heartbeat(self, fields: Callable[[], dict[str, str]], *, force: bool = False) -> None:
         """Write ``fields()`` if ``interval_s`` has passed (always if ``force``).
