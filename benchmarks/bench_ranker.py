@@ -35,23 +35,23 @@ incremental refresh stops beating our cold solve.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import igraph
 import networkx as nx
 import numpy as np
 
+from benchmarks.ranker_table import HEADER, LEGEND, Row, crossover, format_row, row_details
 from ranker import _kernels as K
+from ranker.edge_batches import EdgeBatch
 from ranker.incremental import LiveRanks
-from ranker.linkgraph import EdgeBatch, LinkGraph
+from ranker.linkgraph import LinkGraph
 from ranker.pagerank import pagerank
-from ranker.residual import RefreshReport
-from ranker.results import RankResult
+from ranker.results import RankResult, RefreshReport
 from ranker.synthetic import copying_model_graph, random_edit_batch
 from ranker.weighted_pagerank import weighted_pagerank
 from rankstream.edgelist import read_edges
@@ -71,32 +71,6 @@ LOOSE_TOLERANCE = 1e-2  # relative L1 tolerance, loose so that max_error alone d
 CALIBRATION_MARGIN = 0.5
 NX_LADDER = [10.0**k for k in range(-4, -15, -1)]
 DOCS_FILE = "python-docs-links.tsv.gz"
-
-
-@dataclass
-class Row:
-    """One (graph, algorithm, batch size) line of the table."""
-
-    graph: str
-    algorithm: str
-    batch: int
-    inc: list[float] = field(default_factory=list)
-    inc_c: list[float] = field(default_factory=list)
-    modes: list[str] = field(default_factory=list)
-    modes_c: list[str] = field(default_factory=list)
-    errors: list[float] = field(default_factory=list)
-    errors_c: list[float] = field(default_factory=list)
-    certified: list[float] = field(default_factory=list)
-    pushes: list[int] = field(default_factory=list)
-    moved: list[int] = field(default_factory=list)
-    setting: float = float("nan")
-    sweep: float = float("nan")
-    accuracy: float = 1e-6
-    pages: int = 0
-    cold: float = float("nan")
-    cold_certified: float = float("nan")
-    igraph: float = float("nan")
-    networkx: float = float("nan")
 
 
 @dataclass
@@ -377,8 +351,8 @@ def run_graph(setup: Setup, accuracy: float, repeats: int, seed: int, warmups: i
 
             batch_rows["pagerank"].networkx = best_of(nx_solve, runs_for(probe))
         for a in ALGORITHMS:
-            print(_format(batch_rows[a]), flush=True)
-            print("   " + _details(batch_rows[a]), flush=True)
+            print(format_row(batch_rows[a]), flush=True)
+            print("   " + row_details(batch_rows[a]), flush=True)
         print(f"   (igraph max-abs error {ig_error:.2g})", flush=True)
         rows.extend(batch_rows.values())
     print(f"after the edits: {probe.num_links:,} links, LinkGraph memory "
@@ -395,63 +369,6 @@ def _compacted_bytes(graph: LinkGraph) -> float:
 def _copy(batch: EdgeBatch) -> EdgeBatch:
     return EdgeBatch(batch.insert_src.copy(), batch.insert_dst.copy(), batch.delete_src.copy(),
                      batch.delete_dst.copy(), batch.removed_pages.copy())
-
-
-HEADER = (f"{'graph':<11} {'alg':<8} {'batch':>6} {'mode':<7} {'incr ms':>8} {'incr-c':>8} "
-          f"{'cold ms':>8} {'cold-c':>8} {'igraph':>8} {'nx ms':>7} {'x ig':>6} {'x cold':>6} "
-          f"{'x ig-c':>6} {'xcold-c':>7} {'err':>7} {'err-c':>7} {'over?':>5}")
-LEGEND = """incr: incremental refresh (graph update + residual columns + push/sweeps), median, with
-max_error CALIBRATED like cold: the loosest setting whose MEASURED max-abs error stayed within
-half the accuracy on untimed warm-up batches of the same size (err: largest measured error of the
-timed batches; over? says 'OVER' if any exceeded the accuracy);
-incr-c: the same engine CERTIFYING the accuracy (max_error = accuracy);
-cold: our cold solve at the loosest tolerance whose MEASURED max-abs error is within the
-accuracy; cold-c: our cold solve CERTIFYING it; x ...: competitor time / incremental time.
-Detail lines: setting = calibrated max_error; moved = pages whose exact y moved by more than
-the accuracy (median over the timed batches); sweep = ONE Gauss-Seidel sweep over the whole
-graph (a lower bound once most pages must move); ceiling = igraph (PR) or cold (WPR) / sweep."""
-
-
-def _ms(seconds: float) -> str:
-    return "-" if np.isnan(seconds) else f"{seconds * 1e3:.1f}"
-
-
-def _ratio(other: float, mine: float) -> str:
-    return "-" if np.isnan(other) else f"{other / mine:.1f}"
-
-
-def _modes(modes: list[str]) -> str:
-    return "/".join(sorted(set(modes)))
-
-
-def _format(row: Row) -> str:
-    inc = statistics.median(row.inc)
-    inc_c = statistics.median(row.inc_c)
-    over = "OVER" if max(row.errors) > row.accuracy else "ok"
-    return (f"{row.graph:<11} {row.algorithm:<8} {row.batch:>6} {_modes(row.modes):<7} "
-            f"{_ms(inc):>8} {_ms(inc_c):>8} {_ms(row.cold):>8} {_ms(row.cold_certified):>8} "
-            f"{_ms(row.igraph):>8} {_ms(row.networkx):>7} {_ratio(row.igraph, inc):>6} "
-            f"{_ratio(row.cold, inc):>6} {_ratio(row.igraph, inc_c):>6} "
-            f"{_ratio(row.cold, inc_c):>7} {max(row.errors):>7.1e} {max(row.errors_c):>7.1e} "
-            f"{over:>5}")
-
-
-def _details(row: Row) -> str:
-    ceiling_of = row.igraph if row.algorithm == "pagerank" else row.cold
-    moved = int(statistics.median(row.moved))
-    return (f"setting max_error {row.setting:.0e}; incr-c mode {_modes(row.modes_c)}, certified "
-            f"max-abs {max(row.certified):.1e}; moved > accuracy {moved:,}"
-            f" of {row.pages:,} pages; incr pushes {int(statistics.median(row.pushes)):,}; "
-            f"one sweep {_ms(row.sweep)} ms, ceiling {_ratio(ceiling_of, row.sweep)}x")
-
-
-def crossover(rows: Sequence[Row], graph: str, algorithm: str) -> str:
-    """Smallest batch at which the incremental refresh is not faster than a cold solve."""
-    mine = [r for r in rows if r.graph == graph and r.algorithm == algorithm]
-    for row in mine:
-        if statistics.median(row.inc) >= row.cold:
-            return f"{row.batch}"
-    return f"none up to {mine[-1].batch}" if mine else "n/a"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -516,10 +433,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n" + LEGEND)
     print(HEADER)
     for row in rows:
-        print(_format(row))
+        print(format_row(row))
     print()
     for row in rows:
-        print(f"{row.graph} {row.algorithm} {row.batch}: {_details(row)}")
+        print(f"{row.graph} {row.algorithm} {row.batch}: {row_details(row)}")
     print()
     for setup in setups:
         for algorithm in ALGORITHMS:

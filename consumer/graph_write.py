@@ -34,7 +34,7 @@ import redis
 
 from consumer.keys import Keys
 from consumer.resp import command, pooled_connection, set_commands, transaction
-from ranker.linkgraph import sorted_unique
+from ranker.edge_batches import sorted_unique
 
 HSET_CHUNK = 1000  # field/value pairs per HSET
 MEMBER_CHUNK = 4000  # members per SADD/SREM: no single command holds Redis long

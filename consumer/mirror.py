@@ -74,8 +74,8 @@ class Mirror:
         ``warm`` overrides the published vectors as the warm start (used after a
         recovery, when the in-memory vectors are at least as good).
         """
+        from ranker import EdgeBatch, LinkGraph
         from ranker.incremental import LiveRanks
-        from ranker.linkgraph import EdgeBatch, LinkGraph
         from rankstream.graph_updates import NO_TS, EventApplier
 
         started = time.perf_counter()

@@ -8,12 +8,12 @@ Definitions follow ``docs/algorithms.md`` of the project's shared material exact
 """
 
 from ranker._kernels import set_kernel_threads
+from ranker.edge_batches import AppliedBatch, EdgeBatch
 from ranker.hits import hits
 from ranker.incremental import LiveRanks
-from ranker.linkgraph import AppliedBatch, EdgeBatch, LinkGraph
+from ranker.linkgraph import LinkGraph
 from ranker.pagerank import pagerank
-from ranker.residual import RefreshReport
-from ranker.results import HitsResult, RankResult
+from ranker.results import HitsResult, RankResult, RefreshReport
 from ranker.weighted_pagerank import weighted_pagerank, wpr_matrix
 
 __all__ = [

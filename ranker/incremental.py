@@ -18,9 +18,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ranker.linkgraph import AppliedBatch, EdgeBatch, LinkGraph, sorted_unique
+from ranker.edge_batches import AppliedBatch, EdgeBatch, sorted_unique
+from ranker.linkgraph import LinkGraph
 from ranker.pagerank import pagerank
-from ranker.residual import ALGORITHM_KINDS, RefreshReport, ResidualEngine
+from ranker.residual import ALGORITHM_KINDS, ResidualEngine
+from ranker.results import RefreshReport
 from ranker.weighted_pagerank import weighted_pagerank
 from rankstream.errors import InputError
 

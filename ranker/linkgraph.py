@@ -16,16 +16,22 @@ row capacities and pool growth, plus 25 bytes per page. Key strings are extra.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
 import scipy.sparse as sp
 
 from ranker import _graph_kernels as K
+from ranker.edge_batches import (
+    EMPTY_IDS,
+    AppliedBatch,
+    EdgeBatch,
+    as_ids,
+    pair_keys,
+    sorted_unique,
+)
 from rankstream.errors import InputError, RankstreamError
 
-_EMPTY_I32 = np.zeros(0, dtype=np.int32)
 # out_start, out_len, out_nbr, out_twin, in_start, in_len, in_nbr, in_twin
 Adjacency = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                   np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -46,85 +52,6 @@ def _grown(pool: np.ndarray, size: int, used: int) -> np.ndarray:
     grown = np.empty(size, dtype=pool.dtype)
     grown[:used] = pool[:used]
     return grown
-
-
-def _ids(values: object, name: str) -> np.ndarray:
-    array = np.asarray(values)
-    if array.size == 0:
-        return _EMPTY_I32
-    if array.dtype.kind not in "iu":
-        raise InputError(f"{name} must hold integer page ids, got {array.dtype}", where=name)
-    return np.ascontiguousarray(array.reshape(-1), dtype=np.int32)
-
-
-@dataclass
-class EdgeBatch:
-    """A batch of link changes on already interned ids.
-
-    Applied in this order: page removals (every in- and out-link of the page goes
-    too), then deletions, then insertions. Self links are dropped; inserting a
-    present link and deleting an absent one are no-ops. Inserting a link to or
-    from a removed page revives it.
-    """
-
-    insert_src: np.ndarray = field(default_factory=lambda: _EMPTY_I32)
-    insert_dst: np.ndarray = field(default_factory=lambda: _EMPTY_I32)
-    delete_src: np.ndarray = field(default_factory=lambda: _EMPTY_I32)
-    delete_dst: np.ndarray = field(default_factory=lambda: _EMPTY_I32)
-    removed_pages: np.ndarray = field(default_factory=lambda: _EMPTY_I32)
-
-    def __post_init__(self) -> None:
-        self.insert_src = _ids(self.insert_src, "insert_src")
-        self.insert_dst = _ids(self.insert_dst, "insert_dst")
-        self.delete_src = _ids(self.delete_src, "delete_src")
-        self.delete_dst = _ids(self.delete_dst, "delete_dst")
-        self.removed_pages = _ids(self.removed_pages, "removed_pages")
-        if self.insert_src.size != self.insert_dst.size:
-            raise InputError("insert_src and insert_dst differ in length", where="EdgeBatch")
-        if self.delete_src.size != self.delete_dst.size:
-            raise InputError("delete_src and delete_dst differ in length", where="EdgeBatch")
-
-    def __len__(self) -> int:
-        return int(self.insert_src.size + self.delete_src.size + self.removed_pages.size)
-
-
-@dataclass(frozen=True)
-class AppliedBatch:
-    """What :meth:`LinkGraph.apply` actually changed (the consumer writes exactly this).
-
-    A link both deleted and re-inserted by one batch is in neither list. Deleted
-    links include those that went with a removed page. ``new_pages`` are pages live
-    now that were not live at the previous ``apply`` (newly interned, revived by
-    ``intern`` or by an inserted link); a page can be in ``removed_pages`` and
-    ``new_pages`` when an insertion revived it in the same batch.
-    """
-
-    inserted_src: np.ndarray
-    inserted_dst: np.ndarray
-    deleted_src: np.ndarray
-    deleted_dst: np.ndarray
-    removed_pages: np.ndarray
-    new_pages: np.ndarray
-
-    @property
-    def num_changes(self) -> int:
-        return int(self.inserted_src.size + self.deleted_src.size + self.removed_pages.size
-                   + self.new_pages.size)
-
-
-def _pair_keys(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    return (src.astype(np.int64) << 32) | dst.astype(np.int64)
-
-
-def sorted_unique(values: np.ndarray) -> np.ndarray:
-    """``np.unique`` by sort-and-compare (numpy 2's hash-based unique is ~5x slower here)."""
-    ordered = np.sort(values)
-    if ordered.size < 2:
-        return ordered
-    keep = np.empty(ordered.size, dtype=np.bool_)
-    keep[0] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
-    return ordered[keep]
 
 
 class LinkGraph:
@@ -272,15 +199,15 @@ class LinkGraph:
 
     def links_exist(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """Vectorised :meth:`has_link` (out-of-range ids are absent)."""
-        return K.links_exist(_ids(src, "src"), _ids(dst, "dst"), *self._adjacency())
+        return K.links_exist(as_ids(src, "src"), as_ids(dst, "dst"), *self._adjacency())
 
     def gather_out(self, pages: np.ndarray) -> np.ndarray:
         """Out-neighbours of ``pages`` concatenated (repeats kept)."""
-        return K.gather_rows(_ids(pages, "pages"), self.out_start, self.out_len, self.out_nbr)
+        return K.gather_rows(as_ids(pages, "pages"), self.out_start, self.out_len, self.out_nbr)
 
     def gather_in(self, pages: np.ndarray) -> np.ndarray:
         """In-neighbours of ``pages`` concatenated (repeats kept)."""
-        return K.gather_rows(_ids(pages, "pages"), self.in_start, self.in_len, self.in_nbr)
+        return K.gather_rows(as_ids(pages, "pages"), self.in_start, self.in_len, self.in_nbr)
 
     # ------------------------------------------------------------------ updates
     def apply(self, batch: EdgeBatch) -> AppliedBatch:
@@ -312,7 +239,7 @@ class LinkGraph:
 
         if ins_src.size and del_src.size:
             # A link deleted and re-inserted by one batch did not change.
-            ins_keys, del_keys = _pair_keys(ins_src, ins_dst), _pair_keys(del_src, del_dst)
+            ins_keys, del_keys = pair_keys(ins_src, ins_dst), pair_keys(del_src, del_dst)
             back = np.isin(ins_keys, del_keys)
             if back.any():
                 gone = ~np.isin(del_keys, ins_keys[back])
@@ -335,7 +262,7 @@ class LinkGraph:
 
     def _remove_pages(self, pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if pages.size == 0:
-            return _EMPTY_I32, _EMPTY_I32
+            return EMPTY_IDS, EMPTY_IDS
         bound = int(self.out_len[pages].sum()) + int(self.in_len[pages].sum())
         del_src = np.empty(bound, dtype=np.int32)
         del_dst = np.empty(bound, dtype=np.int32)
@@ -498,14 +425,14 @@ class LinkGraph:
     def from_id_edges(cls, src: np.ndarray, dst: np.ndarray, keys: Sequence[str]) -> LinkGraph:
         """Build from id arrays over ``keys`` (every key becomes a live page)."""
         n = len(keys)
-        src = _ids(src, "src")
-        dst = _ids(dst, "dst")
+        src = as_ids(src, "src")
+        dst = as_ids(dst, "dst")
         if src.size != dst.size:
             raise InputError("src and dst differ in length", where="from_id_edges")
         if src.size and (min(int(src.min()), int(dst.min())) < 0
                          or max(int(src.max()), int(dst.max())) >= n):
             raise InputError(f"edge ids must lie in 0..{n - 1}", where="from_id_edges")
-        pairs = sorted_unique(_pair_keys(src, dst)[src != dst])
+        pairs = sorted_unique(pair_keys(src, dst)[src != dst])
         src = (pairs >> 32).astype(np.int32)
         dst = (pairs & 0xFFFFFFFF).astype(np.int32)
         graph = cls()

@@ -24,6 +24,7 @@ from typing import Literal
 import numpy as np
 import scipy.sparse as sp
 
+from ranker.bounds import probability_bound
 from ranker.results import RankResult
 from rankstream.errors import ConvergenceError, InputError
 
@@ -250,18 +251,6 @@ def teleport_base(
     return t
 
 
-def probability_bound(paper_bound: float, total: float) -> float:
-    """Certified ``||x_exact - x||_1`` for ``x = y / sum(y)`` from the paper-scale bound.
-
-    With ``e = y_exact - y``: ``x_exact - x = (S*e - y*sum(e)) / (S * S_exact)``, so
-    ``||x_exact - x||_1 <= 2*||e||_1 / S_exact <= 2*B / (S - B)``; two probability
-    vectors never differ by more than 2 in L1.
-    """
-    if total <= paper_bound:
-        return 2.0
-    return min(2.0, 2.0 * paper_bound / (total - paper_bound))
-
-
 def pagerank(
     A: object,
     *,
@@ -295,7 +284,7 @@ def pagerank(
 
     Returns:
         :class:`RankResult`; on the probability scale ``bound`` is
-        :func:`probability_bound` of the paper-scale bound.
+        :func:`ranker.bounds.probability_bound` of the paper-scale bound.
     """
     matrix = validate_adjacency(A)
     n = matrix.shape[0]

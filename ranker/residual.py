@@ -10,7 +10,7 @@ full recomputation wipes out). :meth:`refresh` then pushes residual mass into ``
 Tolerance semantics (decided here). ``tolerance`` is RELATIVE: a refresh is fresh
 when ``||r||_1 / (1-d) <= tolerance * sum(y)``, i.e. when the certified L1 error of
 the probability-scale vector ``x = y / sum(y)`` is at most about ``tolerance`` (at
-most ``2 * tolerance / (1 - tolerance)``, see ``ranker.pagerank.probability_bound``).
+most ``2 * tolerance / (1 - tolerance)``, see ``ranker.bounds.probability_bound``).
 An absolute L1 tolerance would have to grow with the graph: ``sum(y)`` is of the
 order of the page count, so a fixed absolute figure means a near-exact global solve
 per batch on a large graph and a sloppy one on a small graph. The relative figure
@@ -47,13 +47,15 @@ less than re-weighing that many columns one by one.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from ranker import _graph_kernels as GK
 from ranker import _kernels as K
-from ranker.linkgraph import AppliedBatch, LinkGraph, sorted_unique
+from ranker.bounds import max_abs_bound, push_thresholds
+from ranker.edge_batches import AppliedBatch, sorted_unique
+from ranker.linkgraph import LinkGraph
+from ranker.results import RefreshReport
 
 ALGORITHM_KINDS = {"pagerank": K.KIND_PAGERANK, "wpr": K.KIND_WPR}
 # Over-relaxation of global sweeps (measured on the 1M-page copying-model graph,
@@ -86,45 +88,6 @@ PRIORITY_THIN = 0.02
 # re-weigh costs ~86 ns per link visit (random reads of old and new degrees, queue
 # marks), the in-order full pass ~20 ns per link of the graph (measured on 1M pages).
 FULL_RESIDUAL_SHARE = 0.25
-
-
-@dataclass
-class RefreshReport:
-    """Outcome of one refresh of one algorithm.
-
-    Attributes:
-        algorithm: "pagerank" or "wpr".
-        fresh: the certified relative bound is within the tolerance (and every
-            ``max_abs_bound <= max_error`` when that is set). Never true otherwise.
-        bound: certified ``||y_exact - y||_1 <= ||r||_1 / (1 - d)``, paper scale,
-            with ``||r||_1`` recomputed exactly at the end of the refresh.
-        total: ``sum(y)``.
-        moved_ids: live pages whose ``y`` moved by more than the publish threshold
-            since they were last published; ``moved_scores`` their new ``y``.
-        mode: "local" (frontier push), "global" (sweeps) or "cold" (static solve).
-        pushes: single-page pushes done (sweeps included).
-        seconds: wall time of the refresh.
-        relative_bound: ``bound / total`` (what ``tolerance`` is compared with).
-        residual_max: ``max |r|``.
-        max_abs_bound: certified ``max |y_exact - y|`` (inf if not certifiable).
-        work: link entries visited (column updates, pushes, sweeps).
-        sweeps: global sweeps done.
-    """
-
-    algorithm: str
-    fresh: bool
-    bound: float
-    total: float
-    moved_ids: np.ndarray
-    moved_scores: np.ndarray
-    mode: str
-    pushes: int
-    seconds: float
-    relative_bound: float = 0.0
-    residual_max: float = 0.0
-    max_abs_bound: float = 0.0
-    work: int = 0
-    sweeps: int = 0
 
 
 def _ring_size(count: int) -> int:
@@ -395,33 +358,9 @@ class ResidualEngine:
 
     def _thresholds(self, total: float, y_max: float, live_count: int, tolerance: float
                     ) -> tuple[float, float]:
-        """(allowed ||r||_1, push threshold on |r[m]|) for the current sum and max of y.
-
-        The threshold adapts between refreshes (:attr:`eps_scale`): pushing only
-        residuals well above the dust is what keeps a refresh local, and the dust
-        left behind must stay under the L1 target. Its floor, ``target / live
-        pages``, always reaches the target. With ``max_error`` it is also capped so
-        that :meth:`_max_abs_bound` is at most ``max_error``.
-        """
-        d = self.damping
-        target = tolerance * (1.0 - d) * total
-        floor = target / live_count
-        eps = min(max(floor * self.eps_scale, floor), target)
-        if self.max_error is not None:
-            eps = min(eps, self.max_error * (1.0 - d) / (max(y_max, 1.0 - d) + self.max_error))
-        return target, eps
-
-    def _max_abs_bound(self, peak: float, y_max: float) -> float:
-        """Certified ``max |y_exact - y|`` from ``max |r| = peak``.
-
-        ``|e| <= G |r| <= peak * G 1`` with ``G = (I - d*M)^-1 >= 0`` and
-        ``G 1 = y_exact / (1 - d)`` on live pages (1 on dead ones), and
-        ``max y_exact <= y_max + E``; solving ``E <= rho * (y_max + E)`` for E.
-        """
-        rho = peak / (1.0 - self.damping)
-        if rho >= 1.0:
-            return np.inf
-        return rho * max(y_max, 1.0 - self.damping) / (1.0 - rho)
+        return push_thresholds(tolerance=tolerance, damping=self.damping, total=total,
+                               y_max=y_max, live_count=live_count, eps_scale=self.eps_scale,
+                               max_error=self.max_error)
 
     def refresh(self, *, mode: str = "local", tolerance: float | None = None,
                 max_sweeps: float | None = None) -> RefreshReport:
@@ -513,7 +452,7 @@ class ResidualEngine:
             self.l1 = l1
             total, y_max = K.sum_max(self.y, n)
             target, eps = self._thresholds(total, y_max, live_count, tol)
-            if l1 <= target and self._max_abs_bound(peak, y_max) <= self._max_error():
+            if l1 <= target and max_abs_bound(peak, y_max, d) <= self._max_error():
                 break
             if mode == "global" and (sweeps >= self.max_sweeps or global_work >= global_budget):
                 break  # reported as not fresh
@@ -541,7 +480,7 @@ class ResidualEngine:
         self.total = total
         self.y_max = y_max
         self.bound = l1 / (1.0 - d)
-        max_abs = min(self._max_abs_bound(peak, y_max), self.bound)
+        max_abs = min(max_abs_bound(peak, y_max, d), self.bound)
         relative = self.bound / total if total > 0 else (0.0 if l1 == 0 else np.inf)
         fresh = relative <= tol and max_abs <= self._max_error()
         return RefreshReport(

@@ -1,8 +1,10 @@
-"""Result records returned by the static solvers.
+"""Result records returned by the static solvers and the incremental engines.
 
-They are frozen so a result handed to another component (the publisher, a test,
-the dynamic engine as a warm start) cannot be changed behind the solver's back;
-the arrays inside are still ordinary numpy arrays owned by the caller.
+The static solvers' results are frozen so a result handed to another component (the
+publisher, a test, the dynamic engine as a warm start) cannot be changed behind the
+solver's back; the arrays inside are still ordinary numpy arrays owned by the caller.
+A :class:`RefreshReport` is not frozen: :class:`ranker.LiveRanks` relabels the
+report of a refresh it ran as part of a cold start.
 """
 
 from __future__ import annotations
@@ -56,3 +58,42 @@ class HitsResult:
     authorities: np.ndarray
     iterations: int
     error: float
+
+
+@dataclass
+class RefreshReport:
+    """Outcome of one refresh of one algorithm.
+
+    Attributes:
+        algorithm: "pagerank" or "wpr".
+        fresh: the certified relative bound is within the tolerance (and every
+            ``max_abs_bound <= max_error`` when that is set). Never true otherwise.
+        bound: certified ``||y_exact - y||_1 <= ||r||_1 / (1 - d)``, paper scale,
+            with ``||r||_1`` recomputed exactly at the end of the refresh.
+        total: ``sum(y)``.
+        moved_ids: live pages whose ``y`` moved by more than the publish threshold
+            since they were last published; ``moved_scores`` their new ``y``.
+        mode: "local" (frontier push), "global" (sweeps) or "cold" (static solve).
+        pushes: single-page pushes done (sweeps included).
+        seconds: wall time of the refresh.
+        relative_bound: ``bound / total`` (what ``tolerance`` is compared with).
+        residual_max: ``max |r|``.
+        max_abs_bound: certified ``max |y_exact - y|`` (inf if not certifiable).
+        work: link entries visited (column updates, pushes, sweeps).
+        sweeps: global sweeps done.
+    """
+
+    algorithm: str
+    fresh: bool
+    bound: float
+    total: float
+    moved_ids: np.ndarray
+    moved_scores: np.ndarray
+    mode: str
+    pushes: int
+    seconds: float
+    relative_bound: float = 0.0
+    residual_max: float = 0.0
+    max_abs_bound: float = 0.0
+    work: int = 0
+    sweeps: int = 0

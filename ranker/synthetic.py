@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ranker._graph_kernels import copy_links
-from ranker.linkgraph import EdgeBatch, LinkGraph, sorted_unique
+from ranker.edge_batches import EdgeBatch, sorted_unique
+from ranker.linkgraph import LinkGraph
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,8 @@ from producer.schema import (
     PageEvent,
     PageRemovedEvent,
 )
-from ranker.linkgraph import EdgeBatch, LinkGraph
+from ranker.edge_batches import EdgeBatch
+from ranker.linkgraph import LinkGraph
 
 __all__ = ["NO_TS", "AppliedEvents", "EventApplier"]
 

@@ -18,7 +18,8 @@ from consumer.graph_write import (
     plan_links,
 )
 from consumer.keys import Keys, offset_field, parse_offset_field
-from ranker.linkgraph import EdgeBatch, LinkGraph
+from ranker.edge_batches import EdgeBatch
+from ranker.linkgraph import LinkGraph
 
 KEYS = Keys("t:")
 

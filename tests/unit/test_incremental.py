@@ -9,8 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ranker.edge_batches import EdgeBatch
 from ranker.incremental import LiveRanks
-from ranker.linkgraph import EdgeBatch, LinkGraph
+from ranker.linkgraph import LinkGraph
 from ranker.residual import RefreshReport
 from ranker.synthetic import copying_model_graph, random_edit_batch
 from rankstream.errors import InputError

@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ranker.linkgraph import EdgeBatch, LinkGraph
+from ranker.edge_batches import EdgeBatch
+from ranker.linkgraph import LinkGraph
 from rankstream.errors import InputError
 
 Pair = tuple[int, int]

@@ -7,8 +7,8 @@ import pytest
 
 from ranker import _kernels as K
 from ranker import residual
+from ranker.edge_batches import EdgeBatch
 from ranker.incremental import LiveRanks
-from ranker.linkgraph import EdgeBatch
 from ranker.pagerank import pagerank
 from ranker.residual import SLOW_SWEEP
 from ranker.synthetic import copying_model_graph, random_edit_batch

@@ -1,0 +1,97 @@
+"""The result table of bench_ranker: one ``Row`` per (graph, algorithm, batch size), printed.
+
+Kept apart from the timing code: the column header, the row and detail-line formats,
+the legend explaining them and the crossover summary all read finished ``Row``s and
+measure nothing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Row:
+    """One (graph, algorithm, batch size) line of the table."""
+
+    graph: str
+    algorithm: str
+    batch: int
+    inc: list[float] = field(default_factory=list)
+    inc_c: list[float] = field(default_factory=list)
+    modes: list[str] = field(default_factory=list)
+    modes_c: list[str] = field(default_factory=list)
+    errors: list[float] = field(default_factory=list)
+    errors_c: list[float] = field(default_factory=list)
+    certified: list[float] = field(default_factory=list)
+    pushes: list[int] = field(default_factory=list)
+    moved: list[int] = field(default_factory=list)
+    setting: float = float("nan")
+    sweep: float = float("nan")
+    accuracy: float = 1e-6
+    pages: int = 0
+    cold: float = float("nan")
+    cold_certified: float = float("nan")
+    igraph: float = float("nan")
+    networkx: float = float("nan")
+
+
+HEADER = (f"{'graph':<11} {'alg':<8} {'batch':>6} {'mode':<7} {'incr ms':>8} {'incr-c':>8} "
+          f"{'cold ms':>8} {'cold-c':>8} {'igraph':>8} {'nx ms':>7} {'x ig':>6} {'x cold':>6} "
+          f"{'x ig-c':>6} {'xcold-c':>7} {'err':>7} {'err-c':>7} {'over?':>5}")
+LEGEND = """incr: incremental refresh (graph update + residual columns + push/sweeps), median, with
+max_error CALIBRATED like cold: the loosest setting whose MEASURED max-abs error stayed within
+half the accuracy on untimed warm-up batches of the same size (err: largest measured error of the
+timed batches; over? says 'OVER' if any exceeded the accuracy);
+incr-c: the same engine CERTIFYING the accuracy (max_error = accuracy);
+cold: our cold solve at the loosest tolerance whose MEASURED max-abs error is within the
+accuracy; cold-c: our cold solve CERTIFYING it; x ...: competitor time / incremental time.
+Detail lines: setting = calibrated max_error; moved = pages whose exact y moved by more than
+the accuracy (median over the timed batches); sweep = ONE Gauss-Seidel sweep over the whole
+graph (a lower bound once most pages must move); ceiling = igraph (PR) or cold (WPR) / sweep."""
+
+
+def _ms(seconds: float) -> str:
+    return "-" if np.isnan(seconds) else f"{seconds * 1e3:.1f}"
+
+
+def _ratio(other: float, mine: float) -> str:
+    return "-" if np.isnan(other) else f"{other / mine:.1f}"
+
+
+def _modes(modes: list[str]) -> str:
+    return "/".join(sorted(set(modes)))
+
+
+def format_row(row: Row) -> str:
+    inc = statistics.median(row.inc)
+    inc_c = statistics.median(row.inc_c)
+    over = "OVER" if max(row.errors) > row.accuracy else "ok"
+    return (f"{row.graph:<11} {row.algorithm:<8} {row.batch:>6} {_modes(row.modes):<7} "
+            f"{_ms(inc):>8} {_ms(inc_c):>8} {_ms(row.cold):>8} {_ms(row.cold_certified):>8} "
+            f"{_ms(row.igraph):>8} {_ms(row.networkx):>7} {_ratio(row.igraph, inc):>6} "
+            f"{_ratio(row.cold, inc):>6} {_ratio(row.igraph, inc_c):>6} "
+            f"{_ratio(row.cold, inc_c):>7} {max(row.errors):>7.1e} {max(row.errors_c):>7.1e} "
+            f"{over:>5}")
+
+
+def row_details(row: Row) -> str:
+    ceiling_of = row.igraph if row.algorithm == "pagerank" else row.cold
+    moved = int(statistics.median(row.moved))
+    return (f"setting max_error {row.setting:.0e}; incr-c mode {_modes(row.modes_c)}, certified "
+            f"max-abs {max(row.certified):.1e}; moved > accuracy {moved:,}"
+            f" of {row.pages:,} pages; incr pushes {int(statistics.median(row.pushes)):,}; "
+            f"one sweep {_ms(row.sweep)} ms, ceiling {_ratio(ceiling_of, row.sweep)}x")
+
+
+def crossover(rows: Sequence[Row], graph: str, algorithm: str) -> str:
+    """Smallest batch at which the incremental refresh is not faster than a cold solve."""
+    mine = [r for r in rows if r.graph == graph and r.algorithm == algorithm]
+    for row in mine:
+        if statistics.median(row.inc) >= row.cold:
+            return f"{row.batch}"
+    return f"none up to {mine[-1].batch}" if mine else "n/a"

@@ -1,0 +1,59 @@
+"""The certified error bounds, in one place: what a residual ``r`` proves about ``y``.
+
+With ``r = b + d*M*y - y`` (paper scale, PageRank or WPR) the error ``e = y_exact - y``
+solves ``(I - d*M) e = r``, and ``G = (I - d*M)^-1`` is non-negative with columns
+summing to at most ``1 / (1 - d)``. Hence the L1 bound ``||e||_1 <= ||r||_1 / (1 - d)``
+that every published vector carries (``docs/algorithms.md``, "Incremental refresh"),
+and the per-page and probability-scale bounds below, which follow from it.
+Pure functions of a few floats: the engines call them, tests check them on their own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def probability_bound(paper_bound: float, total: float) -> float:
+    """Certified ``||x_exact - x||_1`` for ``x = y / sum(y)`` from the paper-scale bound.
+
+    With ``e = y_exact - y``: ``x_exact - x = (S*e - y*sum(e)) / (S * S_exact)``, so
+    ``||x_exact - x||_1 <= 2*||e||_1 / S_exact <= 2*B / (S - B)``; two probability
+    vectors never differ by more than 2 in L1.
+    """
+    if total <= paper_bound:
+        return 2.0
+    return min(2.0, 2.0 * paper_bound / (total - paper_bound))
+
+
+def max_abs_bound(peak: float, y_max: float, damping: float) -> float:
+    """Certified ``max |y_exact - y|`` from ``max |r| = peak``.
+
+    ``|e| <= G |r| <= peak * G 1`` with ``G 1 = y_exact / (1 - d)`` on live pages (1
+    on dead ones), and ``max y_exact <= y_max + E``; solving ``E <= rho * (y_max + E)``
+    for E.
+    """
+    rho = peak / (1.0 - damping)
+    if rho >= 1.0:
+        return float(np.inf)
+    return rho * max(y_max, 1.0 - damping) / (1.0 - rho)
+
+
+def push_thresholds(*, tolerance: float, damping: float, total: float, y_max: float,
+                    live_count: int, eps_scale: float, max_error: float | None
+                    ) -> tuple[float, float]:
+    """(allowed ``||r||_1``, push threshold on ``|r[m]|``) for the current sum and max of y.
+
+    ``tolerance`` is relative to ``sum(y) = total`` (see :mod:`ranker.residual`). The
+    threshold is ``eps_scale`` times its floor, ``target / live pages``, which always
+    reaches the target: an engine raises the scale to keep refreshes local and lowers
+    it when the dust below the threshold alone exceeds the target. With
+    ``max_error`` it is also capped so that :func:`max_abs_bound` is at most
+    ``max_error``.
+    """
+    d = damping
+    target = tolerance * (1.0 - d) * total
+    floor = target / live_count
+    eps = min(max(floor * eps_scale, floor), target)
+    if max_error is not None:
+        eps = min(eps, max_error * (1.0 - d) / (max(y_max, 1.0 - d) + max_error))
+    return target, eps

@@ -1,0 +1,73 @@
+"""The certified bounds of ranker.bounds hold for any estimate, not only converged ones.
+
+For a small random graph the exact paper-scale PageRank comes from the slow reference
+solver; any vector ``y`` near it has a residual ``r = b + d*M*y - y``, and what
+``r`` certifies must cover the true error of ``y``, whatever the perturbation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ranker.bounds import max_abs_bound, probability_bound, push_thresholds
+from tests.reference_algorithms import random_edges, reference_pagerank
+
+DAMPING = 0.85
+
+
+def _transition(num_nodes: int, edges: list[tuple[int, int]]) -> np.ndarray:
+    """Column-stochastic on pages with out-links, zero columns on dangling pages."""
+    matrix = np.zeros((num_nodes, num_nodes))
+    out_degree = np.zeros(num_nodes)
+    for src, _ in edges:
+        out_degree[src] += 1
+    for src, dst in edges:
+        matrix[dst, src] = 1.0 / out_degree[src]
+    return matrix
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), kind=st.sampled_from(["gnp", "scale_free"]),
+       scale=st.sampled_from([1e-9, 1e-4, 1e-1, 1.0]))
+def test_the_residual_certifies_the_error_of_any_estimate(seed, kind, scale):
+    num_nodes = 30
+    edges = random_edges(kind, num_nodes, seed)
+    exact = reference_pagerank(num_nodes, edges, damping=DAMPING)
+    rng = np.random.default_rng(seed)
+    y = np.maximum(exact + scale * rng.standard_normal(num_nodes) * exact, 0.0)
+    r = (1.0 - DAMPING) + DAMPING * _transition(num_nodes, edges) @ y - y
+    error = exact - y
+    paper = np.abs(r).sum() / (1.0 - DAMPING)
+    slack = 1e-12 * exact.sum()  # the reference solve's own accuracy
+    assert np.abs(error).sum() <= paper + slack
+    assert np.abs(error).max() <= max_abs_bound(np.abs(r).max(), y.max(), DAMPING) + slack
+    x_error = np.abs(exact / exact.sum() - y / y.sum()).sum()
+    assert x_error <= probability_bound(paper, y.sum()) + 1e-12
+
+
+@given(tolerance=st.floats(1e-9, 1e-2), total=st.floats(1.0, 1e7),
+       y_max=st.floats(0.0, 1e4), live=st.integers(1, 10**7),
+       eps_scale=st.just(1.0) | st.floats(1.0, 1e6), max_error=st.none() | st.floats(1e-9, 1.0))
+def test_push_thresholds_reach_the_targets_they_promise(tolerance, total, y_max, live,
+                                                        eps_scale, max_error):
+    target, eps = push_thresholds(tolerance=tolerance, damping=DAMPING, total=total,
+                                  y_max=y_max, live_count=live, eps_scale=eps_scale,
+                                  max_error=max_error)
+    assert target == tolerance * (1.0 - DAMPING) * total
+    assert 0.0 < eps <= target
+    assert eps <= eps_scale * target / live * (1 + 1e-12)
+    if eps_scale == 1.0:
+        # At its floor, every page at or below the threshold keeps ||r||_1 in the target.
+        assert live * eps <= target * (1 + 1e-12)
+    if max_error is not None:
+        # Every page at or below the threshold certifies the per-page accuracy asked for.
+        assert max_abs_bound(eps, y_max, DAMPING) <= max_error * (1 + 1e-9)
+
+
+def test_bounds_at_their_edges():
+    assert probability_bound(5.0, 4.0) == 2.0  # the bound exceeds the total: nothing known
+    assert probability_bound(0.0, 4.0) == 0.0
+    assert max_abs_bound(1.0 - DAMPING, 1.0, DAMPING) == np.inf
+    assert max_abs_bound(0.0, 3.0, DAMPING) == 0.0
