@@ -3,8 +3,9 @@
 The mirror is a cache of what Redis holds: the :class:`ranker.LinkGraph` (inside
 :class:`ranker.LiveRanks`), the :class:`rankstream.graph_updates.EventApplier`
 with its last-ts record, the removed-page flags, the counters and the offsets.
-It is built from Redis at start (:meth:`Mirror.load`) and rebuilt whenever it may
-disagree with Redis (another writer took the lease in between). During normal
+It is built from Redis at start (:meth:`Mirror.load`; from a restart snapshot
+instead when one still matches Redis, :mod:`consumer.snapshot`) and rebuilt whenever
+it may disagree with Redis (another writer took the lease in between). During normal
 operation it runs at most two batches ahead of Redis: the batch whose transaction
 is in flight and the next one being planned meanwhile (the service publishes
 scores only for committed batches).
@@ -16,6 +17,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,7 @@ import redis
 from consumer.graph_write import GraphCounters, GraphWrite, plan_links
 from consumer.keys import Keys, offset_field
 from consumer.redis_store import StoredState, load_published, load_stored
+from consumer.snapshot import read_identity, read_snapshot
 from rankstream.settings import Settings
 
 log = logging.getLogger("rankstream.consumer.mirror")
@@ -68,18 +71,29 @@ class Mirror:
 
     @classmethod
     def load(cls, client: redis.Redis, keys: Keys, settings: Settings,
-             warm: Mapping[str, np.ndarray] | None = None) -> Mirror:
+             warm: Mapping[str, np.ndarray] | None = None,
+             snapshot: Path | None = None) -> Mirror:
         """Rebuild everything from Redis and warm-start the engines.
 
         ``warm`` overrides the published vectors as the warm start (used after a
-        recovery, when the in-memory vectors are at least as good).
+        recovery, when the in-memory vectors are at least as good). ``snapshot``: a
+        restart snapshot file (:mod:`consumer.snapshot`) to read instead of the
+        graph and the ZSETs, if it still matches what Redis holds.
         """
         from ranker import EdgeBatch, LinkGraph
         from ranker.incremental import LiveRanks
         from rankstream.graph_updates import NO_TS, EventApplier
 
         started = time.perf_counter()
-        stored: StoredState = load_stored(client, keys, settings.topic)
+        found = None
+        if snapshot is not None and warm is None:
+            found = read_snapshot(snapshot, read_identity(client, keys), settings.topic)
+        stored: StoredState
+        from_snapshot: dict[str, np.ndarray]
+        if found is None:
+            stored, from_snapshot = load_stored(client, keys, settings.topic), {}
+        else:
+            stored, from_snapshot = found
         graph = LinkGraph.from_id_edges(stored.edge_src, stored.edge_dst, stored.urls)
         if stored.removed.size:
             graph.apply(EdgeBatch(removed_pages=stored.removed))
@@ -97,7 +111,9 @@ class Mirror:
         removed_flag[stored.removed] = True
         loaded = time.perf_counter()
         published: dict[str, np.ndarray] = {}
-        if warm is None:
+        if warm is None and found is not None:
+            warm = published = {alg: vec[:n] for alg, vec in from_snapshot.items()}
+        elif warm is None:
             warm = published = load_published(client, keys, graph.id_of, n)
         else:
             warm = {alg: np.asarray(vec[:n]) for alg, vec in warm.items()}
@@ -110,7 +126,8 @@ class Mirror:
         reports = ranks.cold_start(warm=dict(warm) if warm else None)
         counters = replace(stored.counters, ids=n, links=graph.num_links,
                            pages=graph.num_live)
-        log.info("mirror loaded from redis", extra={"fields": {
+        log.info("mirror loaded", extra={"fields": {
+            "from": "redis" if found is None else f"snapshot {snapshot}",
             "pages": counters.pages, "links": counters.links, "ids": n,
             "version": counters.version, "load_seconds": round(loaded - started, 3),
             "warm": sorted(warm), "rank_seconds": round(time.perf_counter() - loaded, 3),
@@ -119,6 +136,24 @@ class Mirror:
                    counters=counters, offsets=dict(stored.offsets), topic=settings.topic,
                    load_seconds=time.perf_counter() - started, start_reports=reports,
                    published=published, absorbed_live=graph.live_mask())
+
+    def stored_state(self) -> StoredState:
+        """What Redis holds once every planned batch has committed (for snapshots)."""
+        from rankstream.graph_updates import NO_TS
+
+        graph = self.graph
+        n = graph.num_ids
+        src, dst = graph.edges()
+        removed = np.zeros(n, dtype=bool)
+        flags = self.removed_flag[:n]
+        removed[: flags.size] = flags
+        last_ts = self.applier.last_ts
+        with_ts = np.flatnonzero(last_ts != NO_TS)
+        return StoredState(
+            urls=[graph.key_of(page) for page in range(n)],
+            removed=np.flatnonzero(removed).astype(np.int32), edge_src=src, edge_dst=dst,
+            last_ts=dict(zip(with_ts.tolist(), last_ts[with_ts].tolist(), strict=True)),
+            offsets=dict(self.offsets), counters=self.counters)
 
     def plan(self, events: Sequence[Any], partition_offsets: Mapping[int, int],
              messages: int, dead_letters: int) -> PlannedBatch:

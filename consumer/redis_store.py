@@ -12,7 +12,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +102,16 @@ def _hscan_all(client: redis.Redis, key: str) -> dict[bytes, bytes]:
             return out
 
 
+def topic_offsets(fields: Mapping[str, bytes | str | int], topic: str) -> dict[int, int]:
+    """``P offsets`` fields (``topic:partition`` -> next offset) of one topic, by partition."""
+    offsets: dict[int, int] = {}
+    for name, value in fields.items():
+        owner, partition = parse_offset_field(name)
+        if owner == topic:
+            offsets[partition] = int(value)
+    return offsets
+
+
 def load_stored(client: redis.Redis, keys: Keys, topic: str) -> StoredState:
     """Read the whole stored graph back (out-link sets: :func:`consumer.resp.read_sets`)."""
     started = time.perf_counter()
@@ -123,12 +133,8 @@ def load_stored(client: redis.Redis, keys: Keys, topic: str) -> StoredState:
         removed_raw = client.smembers(keys.page_removed)
         removed = np.array(sorted(int(x) for x in removed_raw), dtype=np.int32)
         last_ts = {int(k): int(v) for k, v in _hscan_all(client, keys.page_ts).items()}
-        offsets: dict[int, int] = {}
         stored_offsets: Any = client.hgetall(keys.offsets)
-        for name, value in stored_offsets.items():
-            owner, partition = parse_offset_field(name.decode())
-            if owner == topic:
-                offsets[partition] = int(value)
+        offsets = topic_offsets({k.decode(): v for k, v in stored_offsets.items()}, topic)
         graph_hash: Any = client.hgetall(keys.graph)
         counters = GraphCounters.from_redis(graph_hash)
     return StoredState(

@@ -220,6 +220,7 @@ class ScorePublisher:
         self._back: dict[str, ZsetRecord] = {}
         self._live_known: dict[str, bool] = {}
         self._back_dropped: dict[str, bool] = {}
+        self._published_ids: dict[str, str] = {}  # our last swap's id, per algorithm
 
     def back_key(self, algorithm: str) -> str:
         """This consumer's back buffer (internal; readers never read it)."""
@@ -234,6 +235,16 @@ class ScorePublisher:
         """
         self.urls = UrlTable()
         self._live, self._back, self._live_known, self._back_dropped = {}, {}, {}, {}
+        self._published_ids = {}
+
+    def live_record(self, algorithm: str) -> tuple[str, np.ndarray] | None:
+        """``(publication id, scores by page id)`` of the live ZSET as our last swap
+        left it (0 = absent), or None if we have not published it ourselves."""
+        live = self._live.get(algorithm)
+        publication = self._published_ids.get(algorithm)
+        if live is None or publication is None or not self._live_known.get(algorithm):
+            return None
+        return publication, live.values
 
     def adopt(self, algorithm: str, values: np.ndarray) -> None:
         """Record what the live ZSET of ``algorithm`` holds, as just read from Redis
@@ -248,6 +259,7 @@ class ScorePublisher:
         values = np.asarray(values, dtype=np.float64)
         self._live[algorithm] = ZsetRecord(values.copy(), values != 0.0)
         self._live_known[algorithm] = True
+        self._published_ids.pop(algorithm, None)
 
     def seed_back_buffer(self, algorithm: str) -> None:
         """Copy the adopted live ZSET into our back buffer, inside Redis (COPY).
@@ -384,6 +396,7 @@ class ScorePublisher:
                 self._back[algorithm] = ZsetRecord(back.values.copy(), back.present.copy())
             self._live[algorithm] = back
             self._live_known[algorithm] = True
+            self._published_ids[algorithm] = publication.publication_id
 
     # -- I/O ---------------------------------------------------------------------------
     def chunk_payloads(self, publication: Publication) -> list[bytes]:

@@ -55,6 +55,7 @@ from consumer.publishing import Publications
 from consumer.recovery import Backoff, MirrorStale, Recovery
 from consumer.redis_store import connect_redis, redis_errors
 from consumer.score_publisher import ScorePublisher
+from consumer.snapshot import leave_snapshot, snapshot_path
 from consumer.stats import ConsumerStats, catching_up, lag_by_partition
 from consumer.status_writer import StatusWriter
 from ranker import set_kernel_threads
@@ -98,6 +99,7 @@ class ConsumerService:
                              batch_max_sweeps=settings.batch_max_sweeps,
                              stop_event=self.stop_event)
         self.mirror: Mirror | None = None
+        self.snapshot = snapshot_path(settings)  # left by a clean stop, read at start
         self.source: KafkaSource | None = None
         self.dlq: DeadLetterSender | None = None
         self._holding = False  # status is written only while we hold the lease
@@ -150,8 +152,8 @@ class ConsumerService:
             "redis": safe_address(settings.redis_url), "kafka": settings.kafka_bootstrap,
             "topic": settings.topic, "prefix": settings.key_prefix, "pid": self.stats.pid}})
         retry("creating topics", lambda: ensure_topics(settings))
-        self.mirror = retry("loading the mirror",
-                            lambda: Mirror.load(self.redis, self.keys, settings))
+        self.mirror = retry("loading the mirror", lambda: Mirror.load(
+            self.redis, self.keys, settings, snapshot=self.snapshot))
         tune_garbage_collector()
         tune_gil_switching()
         self.stats.load_seconds = self.mirror.load_seconds
@@ -197,6 +199,7 @@ class ConsumerService:
                 if self._caught_up():
                     self.request_stop("caught-up")
             self.drain()
+            leave_snapshot(self.redis, self.keys, self.snapshot, self.mirror, self.publisher)
         finally:
             self.shutdown()
         log.info("consumer stopped", extra={"fields": {
@@ -466,10 +469,8 @@ class ConsumerService:
 
     # -- status ---------------------------------------------------------------------
     def _set_state(self, state: str, *, force: bool = False) -> None:
-        if self.stats.state != state:
-            self.stats.state = state
-            self._heartbeat(force=True)
-        elif force:
+        changed, self.stats.state = self.stats.state != state, state
+        if changed or force:
             self._heartbeat(force=True)
 
     def _heartbeat(self, *, force: bool = False) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rankstream.errors import ConfigError
@@ -105,6 +105,19 @@ class Settings(BaseSettings):
     max_links_per_page: int = Field(10_000, ge=1)
     max_message_bytes: int = Field(1_048_576, ge=1024)
     allowed_schemes: tuple[str, ...] = ("http", "https", "file")
+
+    # --- Restart snapshots (consumer.snapshot) ----------------------------------
+    snapshot_dir: Path | None = Field(
+        default_factory=lambda: _default_cache_dir() / "snapshots",
+        description="where a consumer that stops cleanly leaves its graph and scores, "
+        "so that the next start on this machine skips reading them from Redis when "
+        "Redis has not changed since; empty: no snapshots",
+    )
+
+    @field_validator("snapshot_dir", mode="before")
+    @classmethod
+    def _empty_means_none(cls, value: object) -> object:
+        return None if value == "" else value
 
     # --- Local services (./run services) --------------------------------------
     cache_dir: Path = Field(default_factory=_default_cache_dir)

@@ -1,0 +1,101 @@
+"""Restart snapshots against the real services: same mirror as Redis, or not used at all."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+
+from consumer.keys import Keys
+from consumer.mirror import Mirror
+from consumer.redis_store import connect_redis
+from consumer.snapshot import snapshot_path
+from producer.synthetic import synthetic_event_dicts
+from rankstream.services.testing import Isolated
+from rankstream.settings import Settings
+from tests.integration.test_consumer_pipeline import consume, publish
+
+
+def _loads(caplog: pytest.LogCaptureFixture, message: str) -> list[dict[str, Any]]:
+    return [getattr(r, "fields", {}) for r in caplog.records if r.getMessage() == message]
+
+
+def _assert_same_mirror(a: Mirror, b: Mirror) -> None:
+    ga, gb = a.graph, b.graph
+    assert ga.num_ids == gb.num_ids
+    assert [ga.key_of(p) for p in range(ga.num_ids)] == [gb.key_of(p) for p in range(gb.num_ids)]
+    for x, y in zip(ga.edges(), gb.edges(), strict=True):
+        assert np.array_equal(x, y)
+    assert np.array_equal(ga.live_mask(), gb.live_mask())
+    assert np.array_equal(a.removed_flag, b.removed_flag)
+    assert np.array_equal(a.applier.last_ts, b.applier.last_ts)
+    assert a.counters == b.counters and a.offsets == b.offsets
+    assert a.published.keys() == b.published.keys() and a.published
+    for algorithm, values in a.published.items():
+        assert np.array_equal(values, b.published[algorithm])
+        assert np.allclose(a.ranks.scores(algorithm), b.ranks.scores(algorithm), atol=1e-9)
+
+
+@pytest.fixture
+def snapshots(isolated: Isolated, tmp_path: Any) -> Settings:
+    """The test's settings with a snapshot directory of its own, and a stream consumed."""
+    settings = isolated.settings.model_copy(update={"snapshot_dir": tmp_path})
+    # Re-crawls, link edits and page removals, so removed and revived pages and
+    # recorded ts values are all part of what a snapshot must carry.
+    publish(settings, list(synthetic_event_dicts(600, seed=5, edit_fraction=0.4)))
+    consume(settings)
+    return settings
+
+
+def test_a_clean_stop_leaves_a_snapshot_that_loads_the_mirror_redis_holds(snapshots, caplog):
+    settings = snapshots
+    path = snapshot_path(settings)
+    assert path is not None and path.exists()
+    client, keys = connect_redis(settings), Keys(settings.key_prefix)
+    with caplog.at_level(logging.INFO, logger="rankstream.consumer"):
+        from_redis = Mirror.load(client, keys, settings)
+        from_snapshot = Mirror.load(client, keys, settings, snapshot=path)
+    sources = [fields["from"] for fields in _loads(caplog, "mirror loaded")]
+    assert sources == ["redis", f"snapshot {path}"]
+    assert from_redis.graph.num_ids > 300 and from_redis.removed_flag.any()
+    _assert_same_mirror(from_redis, from_snapshot)
+
+
+def test_a_snapshot_is_ignored_once_redis_moved_on_or_when_unreadable(snapshots, caplog):
+    settings = snapshots
+    path = snapshot_path(settings)
+    assert path is not None and path.exists()
+    kept = path.read_bytes()
+    # Another consumer (without snapshots) applies more events: the file is out of date.
+    publish(settings, list(synthetic_event_dicts(650, seed=5, edit_fraction=0.4))[600:])
+    consume(settings.model_copy(update={"snapshot_dir": None}))
+    path.write_bytes(kept)
+    client, keys = connect_redis(settings), Keys(settings.key_prefix)
+    with caplog.at_level(logging.INFO, logger="rankstream.consumer"):
+        stale = Mirror.load(client, keys, settings, snapshot=path)
+        path.write_bytes(kept[: len(kept) // 2])
+        torn = Mirror.load(client, keys, settings, snapshot=path)
+        from_redis = Mirror.load(client, keys, settings)
+    reasons = [fields["reason"] for fields in _loads(caplog, "snapshot not used")]
+    assert reasons[0] == "Redis has changed since it was written"
+    assert reasons[1].startswith("unreadable")
+    assert [f["from"] for f in _loads(caplog, "mirror loaded")] == ["redis"] * 3
+    assert stale.counters.version == from_redis.counters.version > 600
+    _assert_same_mirror(from_redis, stale)
+    _assert_same_mirror(from_redis, torn)
+
+
+def test_a_restarted_consumer_resumes_from_the_snapshot(snapshots, caplog):
+    settings = snapshots
+    publish(settings, list(synthetic_event_dicts(700, seed=5, edit_fraction=0.4))[600:])
+    with caplog.at_level(logging.INFO, logger="rankstream.consumer"):
+        service = consume(settings)
+    assert [f["from"] for f in _loads(caplog, "mirror loaded")] == [
+        f"snapshot {snapshot_path(settings)}"]
+    assert service.mirror is not None and service.mirror.counters.version == 700
+    # What it wrote equals a fresh load from Redis, and its new snapshot matches it.
+    client, keys = connect_redis(settings), Keys(settings.key_prefix)
+    _assert_same_mirror(Mirror.load(client, keys, settings),
+                        Mirror.load(client, keys, settings, snapshot=snapshot_path(settings)))

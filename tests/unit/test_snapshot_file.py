@@ -1,0 +1,58 @@
+"""The snapshot file on its own: a lossless round trip, used only under its identity."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from consumer.graph_write import GraphCounters
+from consumer.redis_store import StoredState
+from consumer.snapshot import Identity, read_snapshot, snapshot_path, write_snapshot
+from rankstream.settings import Settings
+
+
+def _state() -> StoredState:
+    return StoredState(
+        urls=["https://a.example/", "https://b.example/x?q=é", "file:///c"],
+        removed=np.array([2], dtype=np.int32),
+        edge_src=np.array([0, 1], dtype=np.int32), edge_dst=np.array([1, 0], dtype=np.int32),
+        last_ts={0: 17, 2: 1_767_225_600_000}, offsets={0: 12},
+        counters=GraphCounters(version=12, links=2, pages=2, ids=3))
+
+
+def _identity(version: str = "12", publication: str = "p1") -> Identity:
+    return Identity(graph={"version": version, "links": "2", "pages": "2", "ids": "3"},
+                    offsets={"t:0": "12"}, publications={"pagerank": publication, "wpr": "p1"})
+
+
+def test_round_trip_under_the_same_identity(tmp_path):
+    path = tmp_path / "s.npz"
+    published = {"pagerank": np.array([0.5, 1.25, 0.0]), "wpr": np.array([1.0, 2.0, 0.0])}
+    write_snapshot(path, _identity(), _state(), published)
+    found = read_snapshot(path, _identity(), "t")
+    assert found is not None
+    stored, vectors = found
+    expected = _state()
+    assert stored.urls == expected.urls and stored.last_ts == expected.last_ts
+    assert stored.offsets == {0: 12} and stored.counters == expected.counters
+    for name in ("removed", "edge_src", "edge_dst"):
+        assert np.array_equal(getattr(stored, name), getattr(expected, name))
+    assert vectors.keys() == published.keys()
+    assert all(np.array_equal(vectors[a], published[a]) for a in published)
+
+
+def test_any_other_identity_or_a_damaged_file_is_not_used(tmp_path):
+    path = tmp_path / "s.npz"
+    write_snapshot(path, _identity(), _state(), {"pagerank": np.ones(3), "wpr": np.ones(3)})
+    assert read_snapshot(path, _identity(version="13"), "t") is None
+    assert read_snapshot(path, _identity(publication="p2"), "t") is None
+    assert read_snapshot(tmp_path / "missing.npz", _identity(), "t") is None
+    path.write_bytes(path.read_bytes()[:100])
+    assert read_snapshot(path, _identity(), "t") is None
+
+
+def test_one_file_per_redis_prefix_and_topic_and_none_when_disabled(tmp_path):
+    base = Settings(snapshot_dir=tmp_path)
+    paths = {snapshot_path(base.model_copy(update=change)) for change in (
+        {}, {"key_prefix": "other:"}, {"topic": "other"}, {"redis_url": "redis://h:1/0"})}
+    assert len(paths) == 4 and all(p is not None and p.parent == tmp_path for p in paths)
+    assert snapshot_path(Settings(snapshot_dir="")) is None
