@@ -67,6 +67,7 @@ from consumer.keys import Keys
 from consumer.options import ConsumeOptions
 from consumer.redis_store import connect_redis, load_stored
 from consumer.service import ConsumerService
+from consumer.snapshot import leave_snapshot, snapshot_path
 from rankstream.services import up
 from rankstream.services.kafka import delete_topics, ensure_topics
 from rankstream.services.stack import kafka_client_options, topic_specs
@@ -135,8 +136,12 @@ def run_throughput(settings: Settings) -> Throughput:
                     break
             drain_started = time.perf_counter()
             service.drain()  # the last publication: scores visible
-        finally:
             elapsed = time.perf_counter() - started
+            # What a clean stop leaves for the latency phase's restart, as
+            # ConsumerService.run does (outside the timing: the scores are visible).
+            leave_snapshot(service.redis, service.keys, service.snapshot, service.mirror,
+                           service.publisher)
+        finally:
             service.shutdown()
     finally:
         logger.removeHandler(capture)
@@ -427,6 +432,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             delete_topics(settings.kafka_bootstrap, [settings.topic, settings.dlq_topic],
                           **options)
             delete_keys(settings, settings.key_prefix)
+            snapshot = snapshot_path(settings)
+            if snapshot is not None:
+                snapshot.unlink(missing_ok=True)
     return 0
 
 
