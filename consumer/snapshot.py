@@ -111,9 +111,13 @@ def write_snapshot(path: Path, identity: Identity, stored: StoredState,
     for algorithm, values in published.items():
         arrays[f"published_{algorithm}"] = np.asarray(values, dtype=np.float64)
     temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "wb") as out:
-        np.savez(out, **arrays)  # type: ignore[arg-type]
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as out:
+            np.savez(out, **arrays)  # type: ignore[arg-type]
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)  # a full disk must not keep a half file
+        raise
     _prune(path)
     return time.perf_counter() - started
 
