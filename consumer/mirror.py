@@ -111,12 +111,12 @@ class Mirror:
         removed_flag[stored.removed] = True
         loaded = time.perf_counter()
         published: dict[str, np.ndarray] = {}
-        if warm is None and found is not None:
-            warm = published = {alg: vec[:n] for alg, vec in from_snapshot.items()}
-        elif warm is None:
-            warm = published = load_published(client, keys, graph.id_of, n)
-        else:
+        if warm is not None:
             warm = {alg: np.asarray(vec[:n]) for alg, vec in warm.items()}
+        elif found is not None:
+            warm = published = {alg: vec[:n] for alg, vec in from_snapshot.items()}
+        else:
+            warm = published = load_published(client, keys, graph.id_of, n)
         ranks = LiveRanks(graph, damping=settings.damping, tolerance=settings.tolerance,
                           publish_threshold=settings.publish_threshold,
                           max_iter=settings.max_iter)
@@ -144,14 +144,12 @@ class Mirror:
         graph = self.graph
         n = graph.num_ids
         src, dst = graph.edges()
-        removed = np.zeros(n, dtype=bool)
-        flags = self.removed_flag[:n]
-        removed[: flags.size] = flags
         last_ts = self.applier.last_ts
         with_ts = np.flatnonzero(last_ts != NO_TS)
         return StoredState(
             urls=[graph.key_of(page) for page in range(n)],
-            removed=np.flatnonzero(removed).astype(np.int32), edge_src=src, edge_dst=dst,
+            removed=np.flatnonzero(self.removed_flag[:n]).astype(np.int32),
+            edge_src=src, edge_dst=dst,
             last_ts=dict(zip(with_ts.tolist(), last_ts[with_ts].tolist(), strict=True)),
             offsets=dict(self.offsets), counters=self.counters)
 
