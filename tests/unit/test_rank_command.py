@@ -74,6 +74,14 @@ def test_events_on_top_equal_cold_solve(tmp_path: Path, capsys: pytest.CaptureFi
         assert diff <= 1e-9
 
 
+def test_hits_says_what_verify_means_for_it(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    edges = tmp_path / "fig2.tsv"
+    edges.write_text(FIG2)
+    assert main(["rank", "--edges", str(edges), "--algorithm", "hits", "--verify"]) == 0
+    assert "HITS has no incremental path" in capsys.readouterr().err
+
+
 def test_hits_prints_hub_and_authority(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     edges = tmp_path / "fig2.tsv"
     edges.write_text(FIG2)
