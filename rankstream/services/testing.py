@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import redis as redis_py
 
@@ -61,8 +64,12 @@ def isolated(settings: Settings, name: str) -> Iterator[Isolated]:
     """Fresh topics (created now, deleted after) and a Redis prefix (wiped after)."""
     token = uuid.uuid4().hex[:10]
     topic = f"test.{_slug(name)}.{token}"
+    # Restart snapshots too: a test's consumers leave theirs in a directory of its own,
+    # not in the user's cache.
+    snapshots = Path(tempfile.mkdtemp(prefix="rankstream-snapshots-"))
     own = settings.model_copy(
-        update={"topic": topic, "dlq_topic": f"{topic}.dlq", "key_prefix": f"test:{token}:"}
+        update={"topic": topic, "dlq_topic": f"{topic}.dlq", "key_prefix": f"test:{token}:",
+                "snapshot_dir": snapshots}
     )
     options = kafka_client_options(own)
     ensure_topics(own.kafka_bootstrap, topic_specs(own), **options)
@@ -71,3 +78,4 @@ def isolated(settings: Settings, name: str) -> Iterator[Isolated]:
     finally:
         delete_topics(own.kafka_bootstrap, [own.topic, own.dlq_topic], **options)
         delete_keys(own, own.key_prefix)
+        shutil.rmtree(snapshots, ignore_errors=True)

@@ -110,7 +110,8 @@ def start_stack(base: Settings, home: Path) -> FaultStack:
         raise
     settings = base.model_copy(update={
         "kafka_bootstrap": broker.bootstrap, "redis_url": server.url,
-        "redis_username": None, "redis_password": None})
+        "redis_username": None, "redis_password": None,
+        "snapshot_dir": home / "snapshots"})  # restart snapshots go with the stack
     return FaultStack(server, broker, settings, home)
 
 
@@ -131,6 +132,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     for name in Settings.model_fields:
         value = getattr(settings, name)
         if value is None:
+            if Settings.model_fields[name].get_default(call_default_factory=True) is not None:
+                env[f"RANKSTREAM_{name.upper()}"] = ""  # switched off (snapshot_dir)
             continue
         if isinstance(value, SecretStr):
             text = value.get_secret_value()

@@ -29,6 +29,7 @@ def consumer_env(settings: Settings, **extra: str) -> dict[str, str]:
         "RANKSTREAM_TOPIC": settings.topic,
         "RANKSTREAM_DLQ_TOPIC": settings.dlq_topic,
         "RANKSTREAM_KEY_PREFIX": settings.key_prefix,
+        "RANKSTREAM_SNAPSHOT_DIR": str(settings.snapshot_dir or ""),
     })
     env.update(extra)
     return env
