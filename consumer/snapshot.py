@@ -191,13 +191,13 @@ def leave_snapshot(client: Any, keys: Keys, path: Path | None, mirror: Any,
                 _skipped(f"the {algorithm} ZSET is not our last publication")
                 return
             published[algorithm] = record[1][:n]
-        stored = mirror.stored_state()
-        if int(identity.graph.get("version", "-1")) != stored.counters.version:
+        if int(identity.graph.get("version", "-1")) != mirror.counters.version:
             _skipped("the stored graph version is not the mirror's")
             return
         if identity.offsets != {k: str(v) for k, v in mirror.offsets_fields().items()}:
             _skipped("the stored offsets are not the mirror's")
             return
+        stored = mirror.stored_state()  # only once it is known to be worth writing
         seconds = write_snapshot(path, identity, stored, published)
     except (OSError, ValueError, RankstreamError) as exc:  # optional; the stop is not
         log.warning("snapshot not written", extra={"fields": {"error": repr(exc)[:300]}})
