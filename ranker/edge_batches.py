@@ -18,6 +18,9 @@ from rankstream.errors import InputError
 EMPTY_IDS = np.zeros(0, dtype=np.int32)
 
 
+_INT32 = np.iinfo(np.int32)
+
+
 def as_ids(values: object, name: str) -> np.ndarray:
     """``values`` as a contiguous int32 id array, or InputError naming ``name``."""
     array = np.asarray(values)
@@ -25,6 +28,12 @@ def as_ids(values: object, name: str) -> np.ndarray:
         return EMPTY_IDS
     if array.dtype.kind not in "iu":
         raise InputError(f"{name} must hold integer page ids, got {array.dtype}", where=name)
+    if array.dtype != np.int32:
+        # Checked before the cast, which would wrap 2**32 + k to page k silently.
+        low, high = int(array.min()), int(array.max())
+        if low < _INT32.min or high > _INT32.max:
+            bad = low if low < _INT32.min else high
+            raise InputError(f"{name} holds {bad}, beyond the int32 page-id range", where=name)
     return np.ascontiguousarray(array.reshape(-1), dtype=np.int32)
 
 

@@ -71,8 +71,9 @@ class LiveRanks:
             raise InputError(f"damping must lie strictly between 0 and 1, got {damping!r}")
         if not tolerance > 0.0:
             raise InputError(f"tolerance must be positive, got {tolerance!r}")
-        if publish_threshold < 0.0:
-            raise InputError(f"publish_threshold must be >= 0, got {publish_threshold!r}")
+        if not 0.0 <= publish_threshold < np.inf:  # NaN would publish nothing, ever
+            raise InputError(f"publish_threshold must be finite and >= 0, got "
+                             f"{publish_threshold!r}")
         if max_error is not None and not max_error > 0.0:
             raise InputError(f"max_error must be positive, got {max_error!r}")
         unknown = [a for a in algorithms if a not in ALGORITHM_KINDS]
@@ -119,8 +120,9 @@ class LiveRanks:
 
         Without a warm vector an algorithm is solved by the static solver, then its
         residual is recomputed exactly and refreshed. With one, ``y = warm`` (dead
-        pages zeroed, missing entries 0), the residual is recomputed exactly and the
-        refresh repairs whatever is stale. Every live page is reported moved.
+        pages zeroed, missing, non-finite and negative entries 0), the residual is
+        recomputed exactly and the refresh repairs whatever is stale. Every live page
+        is reported moved.
         """
         reports = {}
         graph = self.graph
@@ -138,8 +140,13 @@ class LiveRanks:
                 start = result.scores
             else:
                 start = np.zeros(n)
-                given = np.asarray(vector, dtype=np.float64)[:n]
+                given = np.asarray(vector, dtype=np.float64).reshape(-1)[:n]
                 start[: given.size] = given
+                # A warm vector is only a first guess (the refresh certifies the
+                # result), but a NaN or inf in it would spread through every sweep
+                # and never be repaired; such entries, and negative ones, which no
+                # exact score is, start from 0 instead.
+                start[~(np.isfinite(start) & (start >= 0.0))] = 0.0
             engine.load(start)
             report = engine.refresh()
             if vector is None:

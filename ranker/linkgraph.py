@@ -199,7 +199,10 @@ class LinkGraph:
 
     def links_exist(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """Vectorised :meth:`has_link` (out-of-range ids are absent)."""
-        return K.links_exist(as_ids(src, "src"), as_ids(dst, "dst"), *self._adjacency())
+        sources, targets = as_ids(src, "src"), as_ids(dst, "dst")
+        if sources.size != targets.size:
+            raise InputError(f"src and dst differ in length ({sources.size} != {targets.size})")
+        return K.links_exist(sources, targets, *self._adjacency())
 
     def gather_out(self, pages: np.ndarray) -> np.ndarray:
         """Out-neighbours of ``pages`` concatenated (repeats kept)."""

@@ -286,6 +286,18 @@ def test_warm_restart_from_published_vectors() -> None:
         assert np.abs(third.scores(name) - exact).sum() <= report.bound + 1e-9 * exact.sum()
 
 
+def test_a_warm_start_repairs_non_finite_and_negative_entries() -> None:
+    """A NaN or inf in a warm vector would spread through every sweep, never repaired."""
+    graph = copying_model_graph(300, 6.0, seed=5).to_linkgraph()
+    ranks = LiveRanks(graph, tolerance=1e-9)
+    bad = np.ones(graph.num_ids)
+    bad[:3] = [np.nan, np.inf, -5.0]
+    for name, report in ranks.cold_start(warm={"pagerank": bad, "wpr": bad}).items():
+        assert report.fresh and np.isfinite(report.bound), name
+        exact = exact_scores(graph, name)
+        assert np.abs(ranks.scores(name) - exact).sum() <= report.bound + 1e-9 * exact.sum()
+
+
 def test_bad_arguments_are_input_errors() -> None:
     with pytest.raises(InputError):
         LiveRanks(algorithms=("hits",))
@@ -293,6 +305,8 @@ def test_bad_arguments_are_input_errors() -> None:
         LiveRanks(damping=1.0)
     with pytest.raises(InputError):
         LiveRanks(tolerance=0.0)
+    with pytest.raises(InputError):
+        LiveRanks(publish_threshold=float("nan"))  # would never publish anything
     ranks = LiveRanks(algorithms=("pagerank",))
     with pytest.raises(InputError):
         ranks.scores("wpr")

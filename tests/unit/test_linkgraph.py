@@ -241,6 +241,13 @@ def test_bad_batches_are_input_errors() -> None:
         EdgeBatch(removed_pages=np.array([0.5]))
     with pytest.raises(InputError):
         LinkGraph.from_edges(["a"], [])
+    # Wider ids are checked before the int32 cast, which would wrap 2**32 + 1 to 1.
+    with pytest.raises(InputError, match="int32"):
+        graph.apply(EdgeBatch(insert_src=np.array([2**32 + 1]), insert_dst=np.array([0])))
+    with pytest.raises(InputError, match="int32"):
+        LinkGraph.from_id_edges(np.array([0, 2**32 + 1]), np.array([1, 0]), ["a", "b"])
+    with pytest.raises(InputError, match="differ in length"):
+        graph.links_exist(np.array([0, 1, 0]), np.array([1]))
 
 
 def test_a_growing_graph_stays_within_the_memory_budget_without_compacting_every_batch(
