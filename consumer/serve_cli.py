@@ -10,6 +10,8 @@ schema is at ``/openapi.json``. Stops on Ctrl-C or SIGTERM.
 from __future__ import annotations
 
 import argparse
+import logging
+import socket
 
 from consumer.hits_query import DEFAULT_CACHE_TTL
 from rankstream.errors import InputError, ServiceError
@@ -26,6 +28,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=("critical", "error", "warning", "info", "debug"))
 
 
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here rather than by uvicorn.
+
+    uvicorn reports a bind failure with log lines and ``sys.exit(3)``; binding first
+    turns "address in use" or an unknown host into our one-line error, exit 2.
+    """
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        return socket.create_server(address, family=family)
+    except OSError as exc:  # unknown host, address in use, permission denied
+        raise ServiceError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from exc
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
     # Imported here so `rankstream --help` and other commands never load the web stack.
     import uvicorn
@@ -38,14 +53,17 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.cache_ttl < 1:
         raise InputError("--cache-ttl must be at least 1 second")
     client = connect_redis(settings, client_name="rankstream-serve")
-    with redis_errors("connecting"):
-        client.ping()
-    app = create_app(client, settings.key_prefix, cache_ttl=args.cache_ttl)
     try:
+        with redis_errors("connecting"):
+            client.ping()
+        app = create_app(client, settings.key_prefix, cache_ttl=args.cache_ttl)
         config = server_config(app, host=args.host, port=args.port, log_level=args.log_level)
-        uvicorn.Server(config).run()
-    except OSError as exc:  # address in use, permission denied
-        raise ServiceError(f"cannot serve on {args.host}:{args.port}: {exc}") from exc
+        with _bind(args.host, args.port) as listener:
+            # uvicorn announces the address only for sockets it bound itself.
+            host = f"[{args.host}]" if ":" in args.host else args.host
+            logging.getLogger("uvicorn.error").info(
+                "serving on http://%s:%d (Ctrl-C stops)", host, listener.getsockname()[1])
+            uvicorn.Server(config).run(sockets=[listener])
     finally:
         client.close()
     return 0

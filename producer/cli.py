@@ -16,6 +16,7 @@ A progress bar goes to stderr when it is a terminal; the final count goes to std
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -56,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> None:
     if args.synthetic is not None and args.synthetic < 0:
         raise InputError(f"--synthetic must be >= 0, got {args.synthetic}")
-    if args.links_per_page <= 0:
+    if not 0 < args.links_per_page < math.inf:  # NaN fails this too
         raise InputError(f"--links-per-page must be > 0, got {args.links_per_page}")
     if args.file is not None and not args.file.is_file():
         raise InputError("no such file", where=str(args.file))

@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from producer.schema import encode_event, make_event
+from rankstream.edgelist import iter_edges
 from rankstream.errors import InputError
 
 __all__ = ["build_demo_lines", "main", "write_demo_data"]
@@ -39,18 +40,8 @@ def _title(url: str) -> str:
 def build_demo_lines(source: Path) -> list[bytes]:
     """The encoded ``page`` events (without newlines) for the TSV at ``source``."""
     links: dict[str, list[str]] = {}
-    opener = gzip.open if source.suffix == ".gz" else open
-    try:
-        with opener(source, "rt", encoding="utf-8") as lines:
-            for line_no, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
-                fields = line.rstrip("\n").split("\t")
-                if len(fields) != 2:
-                    raise InputError("expected src<TAB>dst", where=f"{source}:{line_no}")
-                links.setdefault(fields[0], []).append(fields[1])
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc}", where=str(source)) from exc
+    for src, dst in iter_edges(source):
+        links.setdefault(src, []).append(dst)
     encoded = []
     for index, (url, targets) in enumerate(links.items()):
         event = make_event({"type": "page", "url": url, "links": targets, "title": _title(url),

@@ -25,14 +25,12 @@ whose message is ``"<category>: <detail>"``, the category being stable (see
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
-import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import IO, Annotated, Any, Literal, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 
 from pydantic import (
     AfterValidator,
@@ -51,6 +49,7 @@ from pydantic_core import PydanticCustomError
 
 from producer.urls import UrlError, _canonicalize_cached, already_canonical_lines_matcher
 from rankstream.errors import InputError
+from rankstream.input_files import numbered_lines
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -187,7 +186,7 @@ def _parse_ts(value: object) -> int | None:
             moment = moment.replace(tzinfo=UTC)
         millis = (moment - _EPOCH) // _ONE_MS
         if not 0 <= millis <= _MAX_TS_MS:
-            _fail("bad ts", f"{value[:40]!r} before 1970")
+            _fail("bad ts", f"{value[:40]!r} out of range (1970 to 9999 UTC)")
         return millis
     _fail("bad ts", f"expected epoch ms (int) or ISO 8601 string, got {_json_type(value)}")
 
@@ -453,25 +452,12 @@ def iter_events(
     ``where="path:line"``; an unreadable file raises it with ``where=path``.
     """
     name = os.fspath(path)
-    try:
-        with open(name, "rb") as probe:
-            gzipped = probe.read(2) == b"\x1f\x8b"
-        stream: IO[bytes] = (
-            gzip.open(name, "rb") if gzipped else open(name, "rb")  # type: ignore[assignment]  # noqa: SIM115
-        )
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", where=name) from exc
-    with stream:
-        line_no = 0
+    for line_no, line in numbered_lines(name):
+        stripped = line.strip()
+        if not stripped:
+            continue
         try:
-            for line_no, line in enumerate(stream, start=1):
-                stripped = line.strip()
-                if not stripped:
-                    continue
-                try:
-                    event = decode_event(stripped, limits)
-                except InputError as exc:
-                    raise InputError(str(exc), where=f"{name}:{line_no}") from exc
-                yield line_no, event
-        except (OSError, EOFError, zlib.error) as exc:
-            raise InputError(f"cannot read: {exc}", where=f"{name}:{line_no + 1}") from exc
+            event = decode_event(stripped, limits)
+        except InputError as exc:
+            raise InputError(str(exc), where=f"{name}:{line_no}") from exc
+        yield line_no, event

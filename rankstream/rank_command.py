@@ -59,6 +59,8 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError("give --edges FILE, --events FILE, or both")
     if args.batch_size < 1:
         raise InputError("--batch-size must be at least 1")
+    if args.top is not None and args.top < 1:
+        raise InputError("--top must be at least 1")
     if args.tolerance <= 0:
         raise InputError("--tolerance must be positive")
     if args.damping is not None and not 0.0 < args.damping < 1.0:

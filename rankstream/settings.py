@@ -8,12 +8,17 @@ explicit arguments and never reads ``os.environ``.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from rankstream.errors import ConfigError
+
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")  # RFC 3986, section 3.1 (lower-cased)
 
 
 def _default_cache_dir() -> Path:
@@ -104,7 +109,12 @@ class Settings(BaseSettings):
     max_url_length: int = Field(8192, ge=16)
     max_links_per_page: int = Field(10_000, ge=1)
     max_message_bytes: int = Field(1_048_576, ge=1024)
-    allowed_schemes: tuple[str, ...] = ("http", "https", "file")
+    # NoDecode: the environment may give "http,https" as well as a JSON list; the
+    # validators below parse both, and a typo is a one-line ConfigError either way.
+    allowed_schemes: Annotated[tuple[str, ...], NoDecode] = Field(
+        ("http", "https", "file"),
+        description="URL schemes events may use: comma-separated or a JSON list",
+    )
 
     # --- Restart snapshots (consumer.snapshot) ----------------------------------
     snapshot_dir: Path | None = Field(
@@ -113,6 +123,31 @@ class Settings(BaseSettings):
         "so that the next start on this machine skips reading them from Redis when "
         "Redis has not changed since; empty: no snapshots",
     )
+
+    @field_validator("allowed_schemes", mode="before")
+    @classmethod
+    def _scheme_list(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not a JSON list ({exc.msg}); or give http,https") from exc
+        return text.split(",")
+
+    @field_validator("allowed_schemes")
+    @classmethod
+    def _check_schemes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # An empty list would send every event to the dead-letter topic.
+        schemes = tuple(scheme.strip().lower() for scheme in value)
+        if not schemes or not all(schemes):
+            raise ValueError("give at least one scheme, e.g. http,https (no empty entries)")
+        for scheme in schemes:
+            if not _SCHEME.fullmatch(scheme):
+                raise ValueError(f"not a URL scheme: {scheme!r}")
+        return schemes
 
     @field_validator("snapshot_dir", mode="before")
     @classmethod
@@ -132,3 +167,11 @@ def load_settings(**overrides: object) -> Settings:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "settings"
         raise ConfigError(f"bad setting RANKSTREAM_{field.upper()}: {first['msg']}") from exc
+    except SettingsError as exc:
+        # pydantic-settings failed to decode a value before validation could see it
+        # (a list or dict setting that is not valid JSON).
+        named = re.search(r'field "(\w+)"', str(exc))
+        field = named.group(1).upper() if named else "?"
+        cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
+        raise ConfigError(f"bad setting RANKSTREAM_{field}: cannot parse the value{cause}"
+                          ) from exc

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import socket
 import threading
 import time
 
@@ -24,6 +25,7 @@ from consumer.prefetch import (
 )
 from consumer.recovery import Backoff
 from consumer.score_publisher import is_fresh, meta_fields
+from consumer.serve_cli import _bind
 from consumer.stats import (
     CATCHUP_BACKLOG_BATCHES,
     ConsumerStats,
@@ -33,7 +35,7 @@ from consumer.stats import (
     seconds_to_catch_up,
 )
 from producer.schema import DEFAULT_LIMITS
-from rankstream.errors import ServiceUnavailable
+from rankstream.errors import ServiceError, ServiceUnavailable
 
 
 def test_holder_round_trips_and_tolerates_garbage():
@@ -294,3 +296,15 @@ def test_pacing_puts_a_poll_off_until_shortly_before_the_refresh_should_end():
     pacing.refresh_started(300.0)
     pacing.stop_event.set()
     assert pacing.poll_delay(300.0) == 0.0  # stopping: no waiting
+
+
+def test_serve_binds_before_uvicorn_so_failures_are_one_line_errors() -> None:
+    """uvicorn would log and sys.exit(3) on these instead of raising."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(ServiceError, match=rf"cannot serve on 127\.0\.0\.1:{port}"):
+            _bind("127.0.0.1", port)
+    with pytest.raises(ServiceError, match=r"cannot serve on no-such-host\.invalid:8080"):
+        _bind("no-such-host.invalid", 8080)
+    with _bind("127.0.0.1", 0) as listener:
+        assert listener.getsockname()[1] > 0

@@ -10,6 +10,7 @@ import networkx as nx
 import pytest
 
 from rankstream.cli import main
+from rankstream.settings import load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS_EDGES = REPO.parent / "shared" / "data" / "python-docs-links.tsv.gz"
@@ -117,6 +118,12 @@ def test_demo_events_replay_verifies(capsys: pytest.CaptureFixture[str]) -> None
         (["rank", "--edges", "{good}", "--damping", "1.5"], "damping"),
         (["rank", "--edges", "{good}", "--batch-size", "x"], "invalid int value"),
         (["rank", "--events", "{badevents}"], "badevents.jsonl:2"),
+        (["rank", "--edges", "{good}", "--top", "0"], "--top must be at least 1"),
+        (["rank", "--edges", "{good}", "--top", "-1"], "--top must be at least 1"),
+        # Decoded line by line: a chunked decoder would name a line ~1000 too early.
+        (["rank", "--edges", "{late}"], "late.tsv:3001: not UTF-8"),
+        (["rank", "--edges", "{truncated}"], "cut.tsv.gz:"),
+        (["produce", "--synthetic", "5", "--links-per-page", "nan"], "--links-per-page"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(
@@ -125,7 +132,11 @@ def test_bad_input_is_one_line_exit_2(
     (tmp_path / "bad.tsv").write_text("a\tb\n# comment\nc\n")
     (tmp_path / "good.tsv").write_text(FIG2)
     (tmp_path / "badevents.jsonl").write_text('{"type":"page","url":"https://a.org/","links":[]}\n{')
+    (tmp_path / "late.tsv").write_bytes(b"a\tb\n" * 3000 + b"x\xff\ty\n")
+    (tmp_path / "cut.tsv.gz").write_bytes(gzip.compress(b"a\tb\n" * 50_000)[:-40])
     paths = {
+        "{late}": str(tmp_path / "late.tsv"),
+        "{truncated}": str(tmp_path / "cut.tsv.gz"),
         "{bad}": str(tmp_path / "bad.tsv"),
         "{good}": str(tmp_path / "good.tsv"),
         "{badevents}": str(tmp_path / "badevents.jsonl"),
@@ -138,3 +149,31 @@ def test_bad_input_is_one_line_exit_2(
     assert message in err
     assert len(err.strip().splitlines()) == 1
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ('["http"', "not a JSON list"),
+        ("[]", "give at least one scheme"),
+        ("http,,https", "no empty entries"),
+        ("ht tp", "not a URL scheme: 'ht tp'"),
+    ],
+)
+def test_a_bad_setting_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    value: str, message: str,
+) -> None:
+    (tmp_path / "good.tsv").write_text(FIG2)
+    monkeypatch.setenv("RANKSTREAM_ALLOWED_SCHEMES", value)
+    assert main(["rank", "--edges", str(tmp_path / "good.tsv")]) == 2
+    err = capsys.readouterr().err
+    assert "bad setting RANKSTREAM_ALLOWED_SCHEMES" in err and message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_allowed_schemes_take_a_comma_list_or_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANKSTREAM_ALLOWED_SCHEMES", "HTTPS, http")
+    assert load_settings().allowed_schemes == ("https", "http")
+    monkeypatch.setenv("RANKSTREAM_ALLOWED_SCHEMES", '["https"]')
+    assert load_settings().allowed_schemes == ("https",)
