@@ -5,6 +5,7 @@ Public API:
 * :class:`ConsumerService` / :func:`run_consumer` with :class:`ConsumeOptions`:
   the ``rankstream consume`` loop (consumer/service.py, consumer/options.py);
 * readers of the public Redis layout (docs/redis-keys.md): :func:`top`,
+  :func:`top_with_meta` (the rows and their publication's meta, read together),
   :func:`score`, :func:`status`, :func:`meta`;
 * :class:`Keys`: every key name under a prefix; :func:`connect_redis`: a redis-py
   client built from settings.
@@ -12,7 +13,7 @@ Public API:
 
 from consumer.keys import ALGORITHMS, Keys
 from consumer.options import ConsumeOptions
-from consumer.readers import Meta, meta, score, status, top
+from consumer.readers import Meta, meta, score, status, top, top_with_meta
 from consumer.redis_store import connect_redis
 from consumer.service import ConsumerService, run_consumer
 
@@ -28,4 +29,5 @@ __all__ = [
     "score",
     "status",
     "top",
+    "top_with_meta",
 ]

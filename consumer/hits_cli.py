@@ -16,6 +16,7 @@ import sys
 from consumer.hits_query import (
     DEFAULT_CACHE_TTL,
     MAX_IN,
+    MAX_ITER,
     MAX_K,
     MAX_ROOT_SIZE,
     HitsAnswer,
@@ -39,6 +40,8 @@ def add_query_options(parser: argparse.ArgumentParser) -> None:
                         help="Bharat-Henzinger host weights: k links from one host count 1/k")
     parser.add_argument("--normalize", choices=("l2", "sum"), default="l2",
                         help="unit L2 norm (Kleinberg, default) or unit sum (networkx)")
+    parser.add_argument("--max-iter", type=int, default=1000, metavar="N",
+                        help=f"HITS iterations before it fails, 1..{MAX_ITER} (default 1000)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +72,7 @@ def query_from_args(args: argparse.Namespace) -> HitsQuery:
         drop_intrinsic=not args.keep_intrinsic,
         host_weighting=args.host_weighting,
         normalize=args.normalize,
+        max_iter=args.max_iter,
     )
 
 

@@ -189,8 +189,8 @@ def create_app(redis: Any, prefix: str, *, cache_ttl: int = DEFAULT_CACHE_TTL) -
     ) -> dict[str, Any]:
         """The k best pages of a live ranking and its meta (freshness, bound)."""
         with _data_errors():
-            entries = readers.top(redis, prefix, algorithm, k, scale)
-            meta = readers.meta(redis, prefix, algorithm).as_dict()
+            entries, info = readers.top_with_meta(redis, prefix, algorithm, k, scale)
+            meta = info.as_dict()
         return _finite({
             "algorithm": algorithm, "scale": scale, "meta": meta,
             "entries": [{"url": url, "score": value} for url, value in entries],

@@ -99,6 +99,12 @@ def top(client: redis.Redis, prefix: str, algorithm: str = "pagerank", k: int = 
     ``scale="probability"`` divides by the published ``total`` (sum of y), so the
     scores of all pages add up to 1.
     """
+    return top_with_meta(client, prefix, algorithm, k, scale)[0]
+
+
+def top_with_meta(client: redis.Redis, prefix: str, algorithm: str = "pagerank", k: int = 10,
+                  scale: Scale = "paper") -> tuple[list[tuple[str, float]], Meta]:
+    """:func:`top` and the :class:`Meta` of the publication those rows belong to."""
     _check_algorithm(algorithm)
     if not 1 <= k <= MAX_TOP_K:
         raise InputError(f"k must be between 1 and {MAX_TOP_K}", where="k")
@@ -106,15 +112,16 @@ def top(client: redis.Redis, prefix: str, algorithm: str = "pagerank", k: int = 
         raise InputError(f"unknown scale {scale!r} (paper or probability)", where="scale")
     keys = Keys(prefix)
     with redis_errors("reading the top pages"), client.pipeline(transaction=True) as pipe:
-        # MULTI so the ZSET and the total come from the same publication.
+        # MULTI so the rows, the total they are divided by and the freshness and
+        # bound shown beside them all come from the same publication.
         pipe.zrevrange(keys.scores(algorithm), 0, k - 1, withscores=True)
-        pipe.hget(keys.meta(algorithm), "total")
-        rows, total_raw = pipe.execute()
+        pipe.hgetall(keys.meta(algorithm))
+        rows, meta_raw = pipe.execute()
+    info = Meta.from_hash(algorithm, _decode_hash(meta_raw))
     divisor = 1.0
     if scale == "probability":
-        total = float(total_raw) if total_raw else 0.0
-        divisor = total if total > 0 else 1.0
-    return [(_text(url), float(value) / divisor) for url, value in rows]
+        divisor = info.total if info.total > 0 else 1.0
+    return [(_text(url), float(value) / divisor) for url, value in rows], info
 
 
 def score(client: redis.Redis, prefix: str, url: str, algorithm: str = "pagerank",

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from consumer import ConsumeOptions, connect_redis, meta, run_consumer, top
+    from consumer import ConsumeOptions, connect_redis, run_consumer, top_with_meta
     from consumer.jsonlog import setup_json_logging
     from producer.cli import create_topics, replay
     from producer.schema import Limits, iter_events
@@ -46,13 +46,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     client = connect_redis(settings)
     for algorithm in ("pagerank", "wpr"):
-        info = meta(client, settings.key_prefix, algorithm)
+        rows, info = top_with_meta(client, settings.key_prefix, algorithm, args.k)
         freshness = "fresh" if info.fresh else "NOT fresh"
         relative = info.bound / info.total if info.total > 0 else float("inf")
         print(f"\n{algorithm}: {freshness}, certified L1 bound {info.bound:.2e} = "
               f"{relative:.1e} of sum(y) (tolerance {info.tolerance:.0e} of sum(y)), "
               f"{info.pages} pages, graph version {info.version}, "
               f"refreshed {info.refreshed_at}")
-        for rank, (url, value) in enumerate(top(client, settings.key_prefix, algorithm, args.k), 1):
+        for rank, (url, value) in enumerate(rows, 1):
             print(f"{rank:3d}. {value:10.6f}  {url}")
     return 0

@@ -8,7 +8,7 @@ import math
 import sys
 
 from consumer.keys import ALGORITHMS
-from consumer.readers import SCALES, meta, top
+from consumer.readers import SCALES, top_with_meta
 from consumer.redis_store import connect_redis
 from rankstream.settings import Settings
 
@@ -28,8 +28,8 @@ def _number(value: float) -> float | None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     client = connect_redis(settings, client_name="rankstream-top")
     try:
-        rows = top(client, settings.key_prefix, args.algorithm, args.k, args.scale)
-        info = meta(client, settings.key_prefix, args.algorithm)
+        rows, info = top_with_meta(client, settings.key_prefix, args.algorithm, args.k,
+                                   args.scale)
     finally:
         client.close()
     if args.json:

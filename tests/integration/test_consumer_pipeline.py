@@ -251,6 +251,9 @@ def test_readers_and_cli_commands(isolated, capsys):
     assert best[0][0] == hub and len(best) == 3
     probability = readers.top(client, settings.key_prefix, "pagerank", 6, "probability")
     assert sum(value for _, value in probability) == pytest.approx(1.0, abs=1e-6)
+    # The rows and the meta shown beside them are read in one MULTI.
+    rows, info = readers.top_with_meta(client, settings.key_prefix, "pagerank", 3)
+    assert rows == best and info == readers.meta(client, settings.key_prefix, "pagerank")
     # The reader canonicalises: upper-case host and a default port are the same page.
     assert readers.score(client, settings.key_prefix, "HTTPS://Hub.Example.org:443/") == \
         pytest.approx(best[0][1])

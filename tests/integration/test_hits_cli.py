@@ -67,6 +67,7 @@ def test_hits_reports_an_isolated_root(settings: Settings, capsys: pytest.Captur
         (["x", "-k", "0"], "k: must be an integer in [1, 1000]"),
         (["x", "--root-size", "5000"], "root_size"),
         (["x", "--max-in", "-1"], "max_in"),
+        (["x", "--max-iter", "0"], "max_iter"),
         (["x", "--cache-ttl", "0"], "--cache-ttl"),
         (["of the"], "no searchable terms"),
     ],
