@@ -88,10 +88,14 @@ Command = tuple[Any, ...]
 
 # The swap, atomically: lease check; "done" if meta already names this publication
 # (an earlier attempt committed); "mismatch" without writing anything if a score key
-# does not hold the number of members recorded; else run the commands (renames,
-# TTLs, then the meta hashes). ARGV: lease key, lease value, meta key, publication
-# id, number of checks, then (key, expected ZCARD) per check, then each command as
-# (argc, args...). An empty lease key means unfenced (tests, tools).
+# does not hold the number of members recorded, or a meta hash does not name the
+# publication our record of its live ZSET comes from (another consumer published
+# while this one was stalled past its lease: same member count, other values);
+# else run the commands (renames, TTLs, then the meta hashes). ARGV: lease key,
+# lease value, meta key, publication id, number of checks, then (key, expected
+# ZCARD) per check, number of meta checks, then (meta key, expected publication)
+# per meta check, then each command as (argc, args...). An empty lease key means
+# unfenced (tests, tools).
 SWAP_SCRIPT = r"""
 if ARGV[1] ~= '' and redis.call('GET', ARGV[1]) ~= ARGV[2] then
   return redis.error_reply('LEASELOST the consumer lease changed')
@@ -102,6 +106,14 @@ end
 local pos = 6
 for i = 1, tonumber(ARGV[5]) do
   if redis.call('ZCARD', ARGV[pos]) ~= tonumber(ARGV[pos + 1]) then
+    return 'mismatch'
+  end
+  pos = pos + 2
+end
+local metas = tonumber(ARGV[pos])
+pos = pos + 1
+for i = 1, metas do
+  if redis.call('HGET', ARGV[pos], 'publication') ~= ARGV[pos + 1] then
     return 'mismatch'
   end
   pos = pos + 2
@@ -180,6 +192,9 @@ class Publication:
     chunks: list[Chunk]
     swap: list[Command]  # renames and TTLs, then every meta hash LAST
     checks: list[tuple[str, int]]  # (score key, ZCARD it must have) before the swap
+    # (meta key, publication it must name) before the swap: the publication our
+    # record of that algorithm's live ZSET comes from.
+    meta_checks: list[tuple[str, str]]
     summary: list[Published]
     urls: UrlSlice
     swapped: dict[str, bool]  # per algorithm: live and back records trade places
@@ -221,6 +236,9 @@ class ScorePublisher:
         self._live_known: dict[str, bool] = {}
         self._back_dropped: dict[str, bool] = {}
         self._published_ids: dict[str, str] = {}  # our last swap's id, per algorithm
+        # The publication each known live ZSET record comes from (ours, or the one
+        # adopted at start): meta must still name it when we swap (SWAP_SCRIPT).
+        self._record_ids: dict[str, str] = {}
 
     def back_key(self, algorithm: str) -> str:
         """This consumer's back buffer (internal; readers never read it)."""
@@ -235,7 +253,7 @@ class ScorePublisher:
         """
         self.urls = UrlTable()
         self._live, self._back, self._live_known, self._back_dropped = {}, {}, {}, {}
-        self._published_ids = {}
+        self._published_ids, self._record_ids = {}, {}
 
     def live_record(self, algorithm: str) -> tuple[str, np.ndarray] | None:
         """``(publication id, scores by page id)`` of the live ZSET as our last swap
@@ -246,9 +264,10 @@ class ScorePublisher:
             return None
         return publication, live.values
 
-    def adopt(self, algorithm: str, values: np.ndarray) -> None:
+    def adopt(self, algorithm: str, values: np.ndarray, publication: str) -> None:
         """Record what the live ZSET of ``algorithm`` holds, as just read from Redis
-        (by page id; 0 = absent: scores of live pages are positive).
+        (by page id; 0 = absent: scores of live pages are positive) under the lease,
+        with ``publication``, the id its meta named then ("" if none).
 
         After a restart this saves one full rewrite: the first publication still
         fills an empty back buffer, but the live ZSET it replaces becomes a known
@@ -260,6 +279,7 @@ class ScorePublisher:
         self._live[algorithm] = ZsetRecord(values.copy(), values != 0.0)
         self._live_known[algorithm] = True
         self._published_ids.pop(algorithm, None)
+        self._record_ids[algorithm] = publication
 
     def seed_back_buffer(self, algorithm: str) -> None:
         """Copy the adopted live ZSET into our back buffer, inside Redis (COPY).
@@ -309,6 +329,7 @@ class ScorePublisher:
         renames: list[Command] = []
         metas: list[Command] = []
         checks: list[tuple[str, int]] = []
+        meta_checks: list[tuple[str, str]] = []
         summary: list[Published] = []
         swapped: dict[str, bool] = {}
         size = self.chunk_members
@@ -337,6 +358,8 @@ class ScorePublisher:
             live_known = self._live_known.get(algorithm, False)
             if live_known:
                 checks.append((key, self._live[algorithm].members()))
+                if self._record_ids.get(algorithm):
+                    meta_checks.append((self.keys.meta(algorithm), self._record_ids[algorithm]))
             renames.extend(self._swap_commands(algorithm, key, back_key, back))
             swapped[algorithm] = live_known
             bound = float(report.bound) + plan.remainder
@@ -352,8 +375,8 @@ class ScorePublisher:
                                      int(plan.remove_ids.size), plan.unwritten, bound, total,
                                      fresh, now))
         first_meta = self.keys.meta(next(iter(reports))) if reports else ""
-        return Publication(publication_id, chunks, renames + metas, checks, summary,
-                           self.urls.view(), swapped, first_meta, dict(reports))
+        return Publication(publication_id, chunks, renames + metas, checks, meta_checks,
+                           summary, self.urls.view(), swapped, first_meta, dict(reports))
 
     def _swap_commands(self, algorithm: str, key: str, back_key: str, back: ZsetRecord
                        ) -> list[Command]:
@@ -397,6 +420,7 @@ class ScorePublisher:
             self._live[algorithm] = back
             self._live_known[algorithm] = True
             self._published_ids[algorithm] = publication.publication_id
+            self._record_ids[algorithm] = publication.publication_id
 
     # -- I/O ---------------------------------------------------------------------------
     def chunk_payloads(self, publication: Publication) -> list[bytes]:
@@ -432,10 +456,12 @@ class ScorePublisher:
         """Make the publication visible: renames and meta in one fenced atomic step.
 
         Skipped if meta already names it (True). If a score key does not hold the
-        members recorded (a key deleted behind our back, an expired back buffer)
-        nothing is written, the records are reset and False is returned: the caller
-        publishes again, as a full replacement. Raises
-        :class:`~consumer.lock.LockLost` if the lease changed.
+        members recorded (a key deleted behind our back, an expired back buffer), or
+        a meta hash names another publication than our record of its ZSET comes
+        from (another consumer published while we were stalled), nothing is
+        written, the records are reset and False is returned: the caller publishes
+        again, as a full replacement. Raises :class:`~consumer.lock.LockLost` if the
+        lease changed.
         """
         if self.scripts:
             lease = (fence.key, fence.value) if fence is not None else ("", b"")
@@ -443,10 +469,12 @@ class ScorePublisher:
             for cmd in publication.swap:
                 body += [len(cmd), *cmd]
             flat = [x for check in publication.checks for x in check]
+            metas = [x for check in publication.meta_checks for x in check]
             try:
                 reply = self.client.execute_command(
                     "EVAL", SWAP_SCRIPT, 0, *lease, publication.meta_key,
-                    publication.publication_id, len(publication.checks), *flat, *body)
+                    publication.publication_id, len(publication.checks), *flat,
+                    len(publication.meta_checks), *metas, *body)
             except redis.ResponseError as exc:
                 if "LEASELOST" in str(exc):
                     if fence is not None:
@@ -467,12 +495,18 @@ class ScorePublisher:
             pipe = stack.enter_context(self.client.pipeline(transaction=True))
             if fence is not None:
                 fence.check_in(pipe)
-            pipe.watch(publication.meta_key, *[key for key, _ in publication.checks])
+            pipe.watch(publication.meta_key, *[key for key, _ in publication.checks],
+                       *[key for key, _ in publication.meta_checks])
             done: Any = pipe.hget(publication.meta_key, "publication")
             if done is not None and done.decode() == publication.publication_id:
                 return True
             for key, members in publication.checks:
                 if int(pipe.zcard(key)) != members:
+                    self.reset()
+                    return False
+            for key, expected in publication.meta_checks:
+                named: Any = pipe.hget(key, "publication")
+                if named is None or named.decode() != expected:
                     self.reset()
                     return False
             pipe.multi()

@@ -55,7 +55,7 @@ from consumer.publishing import Publications
 from consumer.recovery import Backoff, MirrorStale, Recovery
 from consumer.redis_store import connect_redis, redis_errors
 from consumer.score_publisher import ScorePublisher
-from consumer.snapshot import leave_snapshot, snapshot_path
+from consumer.snapshot import leave_snapshot, read_identity, snapshot_path
 from consumer.stats import ConsumerStats, catching_up, lag_by_partition
 from consumer.status_writer import StatusWriter
 from ranker import set_kernel_threads
@@ -159,8 +159,11 @@ class ConsumerService:
         self.stats.load_seconds = self.mirror.load_seconds
         self.recovery.committed = (self.mirror.counters.version, self.mirror.offsets_fields())
         self.publisher.reset()
+        # Read under our lease, as the ZSETs were: the meta names what they hold.
+        publications = retry("reading the publication ids", lambda: read_identity(
+            self.redis, self.keys).publications)
         for algorithm, values in self.mirror.published.items():
-            self.publisher.adopt(algorithm, values)
+            self.publisher.adopt(algorithm, values, publications.get(algorithm, ""))
             seed = functools.partial(self.publisher.seed_back_buffer, algorithm)
             with redis_errors("copying the scores into the back buffer"):
                 retry("seeding the back buffer", seed)

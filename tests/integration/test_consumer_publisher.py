@@ -234,7 +234,7 @@ def test_a_restarted_publisher_adopts_the_live_zset_and_then_writes_only_moves(
     second = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6, publish_threshold=0.0,
                             owner="b")
     for algorithm, values in loaded.items():
-        second.adopt(algorithm, values)
+        second.adopt(algorithm, values, client.hget(keys.meta(algorithm), "publication").decode())
         second.seed_back_buffer(algorithm)
     sizes = []
     for step in range(3, 6):
@@ -270,7 +270,7 @@ def test_a_seeded_back_buffer_with_a_member_we_cannot_name_is_refused_then_repla
     second = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6, publish_threshold=0.0,
                             owner="b")
     for algorithm, values in load_published(client, keys, ids.get, graph.num_ids).items():
-        second.adopt(algorithm, values)
+        second.adopt(algorithm, values, client.hget(keys.meta(algorithm), "publication").decode())
         second.seed_back_buffer(algorithm)
     evolve(rng, ranks, 1)
     reports = exact_reports(ranks)
@@ -330,3 +330,32 @@ def test_ids_interned_after_the_absorb_are_not_published(isolated, client):
     members = {m.decode(): s for m, s in client.zrange(keys.scores("pagerank"), 0, -1,
                                                         withscores=True)}
     assert members == {urls[0]: 0.5, urls[1]: 1.0, urls[3]: 2.0}
+
+
+@pytest.mark.parametrize("scripts", [True, False], ids=["script", "plain"])
+def test_a_publication_by_another_consumer_meanwhile_makes_the_swap_start_over(
+        isolated, client, scripts):
+    """A consumer stalled past its lease, whose successor published and stopped, takes
+    the lease back: the ZSETs hold as many members as its record says, but other
+    values. The swap checks that meta still names the publication its record comes
+    from, refuses, and a full replacement follows."""
+    keys = Keys(isolated.key_prefix)
+    rng = np.random.default_rng(8)
+    ranks = FakeRanks(FakeGraph(), {})
+    first = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6, publish_threshold=0.0,
+                           owner="a", scripts=scripts)
+    evolve(rng, ranks, 0)
+    assert first.send(first.prepare(ranks, exact_reports(ranks), version=0, offsets={}))
+    graph = ranks.graph
+    successor = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6,
+                               publish_threshold=0.0, owner="b")
+    other = FakeRanks(graph, {a: np.where(graph.live, ranks.y[a] * 3.0, 0.0)
+                              for a in ALGORITHMS})
+    assert successor.send(successor.prepare(other, exact_reports(other), version=0, offsets={}))
+    for algorithm in ALGORITHMS:
+        assert client.zcard(keys.scores(algorithm)) == int(graph.live.sum())
+    ranks.y = {a: np.where(graph.live, v + 0.25, 0.0) for a, v in ranks.y.items()}
+    reports = exact_reports(ranks)
+    assert not first.send(first.prepare(ranks, reports, version=1, offsets={}))
+    assert first.send(first.prepare(ranks, reports, version=1, offsets={}))
+    check(client, keys, ranks, reports)
