@@ -5,7 +5,16 @@ Each dead letter keeps the original key and value and carries headers:
 * ``error``: the decoder's reason (``InputError`` message, UTF-8);
 * ``source_topic``, ``source_partition``, ``source_offset``: where it came from;
 * ``truncated``: only when the original did not fit in a DLQ message; the value
-  then holds the first bytes and this header the original length.
+  then holds the first bytes and this header the original length;
+* ``key_truncated``: the same for a key longer than :data:`KEY_LIMIT` (the broker
+  only bounds the compressed size, so a key can decompress to megabytes).
+
+The value's room is what the topic accepts minus the key and the headers. If the
+broker still refuses a letter as too large (a dead-letter topic created elsewhere
+with a smaller limit), a stub is sent instead: the headers, the first bytes of
+the key and no value (``truncated`` = the original length); the original stays
+in the source topic at ``source_partition``/``source_offset``. Without that, one
+such message would stop the consumer for good: the batch could never commit.
 
 Delivery is confirmed (flush + every future checked) before the batch's offsets
 are committed to Redis, so a crash can only re-send a dead letter (at-least-once
@@ -15,7 +24,7 @@ on the DLQ), never lose one. Readers can de-duplicate on partition+offset.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +38,10 @@ FLUSH_TIMEOUT_S = 30.0
 # The topics accept 2 x max_message_bytes + 64 KiB (rankstream.services.stack.topic_specs),
 # so anything the consumer read fits again with our headers, bar this allowance.
 TOPIC_SLACK = 64 * 1024
-HEADER_ALLOWANCE = 4 * 1024
+HEADER_ALLOWANCE = 4 * 1024  # the record's own framing, with room to spare
+KEY_LIMIT = 16 * 1024  # keys are source URLs: at most max_url_length (8 KiB) in practice
+REASON_LIMIT = 1024  # bytes of the error header
+STUB_KEY_BYTES = 512
 
 
 @dataclass(frozen=True)
@@ -42,8 +54,11 @@ class DeadLetter:
 
 def dead_letter_headers(letter: DeadLetter, source_topic: str) -> list[tuple[str, bytes]]:
     """The headers of one dead letter (pure; see the module docstring)."""
+    reason = letter.reason.encode("utf-8", "replace")
+    if len(reason) > REASON_LIMIT:
+        reason = reason[:REASON_LIMIT].decode("utf-8", "ignore").encode() + b"..."
     return [
-        ("error", letter.reason.encode("utf-8", "replace")),
+        ("error", reason),
         ("source_topic", source_topic.encode()),
         ("source_partition", str(letter.record.partition).encode()),
         ("source_offset", str(letter.record.offset).encode()),
@@ -75,31 +90,62 @@ class DeadLetterSender:
         """Send and confirm every letter; raise ServiceUnavailable if any failed."""
         if not letters:
             return
+        from kafka.errors import MessageSizeTooLargeError
+
+        too_large = self._confirm(letters, self._send_one, MessageSizeTooLargeError)
+        self._confirm(too_large, self._send_stub, None)
+        log.info("dead letters sent", extra={"fields": {"count": len(letters),
+                                                         "stubs": len(too_large),
+                                                         "topic": self.topic}})
+
+    def _confirm(self, letters: Sequence[DeadLetter], send: Callable[[DeadLetter], Any],
+                 tolerated: type[Exception] | None) -> list[DeadLetter]:
+        """Send ``letters`` with ``send`` and confirm each; return those refused with
+        ``tolerated``, raise ServiceUnavailable for any other failure."""
         from kafka.errors import KafkaError
 
-        futures: list[tuple[DeadLetter, Any]] = []
+        if not letters:
+            return []
         with kafka_errors("sending dead letters"):
-            for letter in letters:
-                futures.append((letter, self._send_one(letter)))
+            futures = [(letter, send(letter)) for letter in letters]
             self._producer.flush(timeout=FLUSH_TIMEOUT_S)
+        refused: list[DeadLetter] = []
         for letter, future in futures:
             try:
                 future.get(timeout=0)
             except KafkaError as exc:
+                if tolerated is not None and isinstance(exc, tolerated):
+                    refused.append(letter)
+                    continue
                 raise ServiceUnavailable(
                     f"dead letter for {self.source_topic}:{letter.record.partition}@"
                     f"{letter.record.offset} not delivered: {exc!r}") from exc
-        log.info("dead letters sent", extra={"fields": {"count": len(letters),
-                                                         "topic": self.topic}})
+        return refused
 
     def _send_one(self, letter: DeadLetter) -> Any:
         headers = dead_letter_headers(letter, self.source_topic)
+        key = letter.record.key
+        if key is not None and len(key) > KEY_LIMIT:
+            headers.append(("key_truncated", str(len(key)).encode()))
+            key = key[:KEY_LIMIT]
+        room = self.max_value_bytes - len(key or b"") - sum(
+            len(name) + len(value) for name, value in headers)
         value = letter.record.value
-        if len(value) > self.max_value_bytes:
+        if len(value) > room:
             headers.append(("truncated", str(len(value)).encode()))
-            value = value[: self.max_value_bytes]
-        return self._producer.send(self.topic, value=value, key=letter.record.key,
-                                   headers=headers)
+            value = value[:max(room - 64, 0)]  # the header just added
+        return self._producer.send(self.topic, value=value, key=key, headers=headers)
+
+    def _send_stub(self, letter: DeadLetter) -> Any:
+        headers = dead_letter_headers(letter, self.source_topic)
+        headers.append(("truncated", str(len(letter.record.value)).encode()))
+        key = letter.record.key
+        if key is not None and len(key) > STUB_KEY_BYTES:
+            headers.append(("key_truncated", str(len(key)).encode()))
+            key = key[:STUB_KEY_BYTES]
+        log.warning("dead letter refused as too large; sending a stub", extra={"fields": {
+            "partition": letter.record.partition, "offset": letter.record.offset}})
+        return self._producer.send(self.topic, value=b"", key=key, headers=headers)
 
     def close(self) -> None:
         try:

@@ -270,3 +270,50 @@ def test_readers_and_cli_commands(isolated, capsys):
     status = json.loads(capsys.readouterr().out)
     assert status["graph"]["pages"] == 6 and status["consumer"]["state"] == "stopped"
     assert status["running"] is False and np.isfinite(status["algorithms"]["wpr"]["bound"])
+
+
+@pytest.mark.parametrize("dlq_limit", [None, 4096], ids=["our-topic", "small-dlq-topic"])
+def test_a_dead_letter_always_fits_so_the_partition_never_stalls(isolated, dlq_limit):
+    """A key far beyond the topic's limit (the broker bounds only the compressed
+    size) is cut to KEY_LIMIT; a dead-letter topic created elsewhere with a smaller
+    limit gets a stub (headers, the key's first bytes, no value). Either way the
+    batch commits and the good events around the bad one are applied."""
+    from kafka import KafkaProducer
+
+    from consumer.dead_letters import KEY_LIMIT, STUB_KEY_BYTES
+    from rankstream.services.kafka import TopicSpec
+
+    settings = isolated.settings.model_copy(update={
+        "topic": f"{isolated.topic}.big", "dlq_topic": f"{isolated.topic}.big.dlq",
+        "topic_partitions": 1, "max_message_bytes": 2048})
+    options = kafka_client_options(settings)
+    event_topic, dlq_topic = topic_specs(settings)
+    if dlq_limit is not None:
+        dlq_topic = TopicSpec(dlq_topic.name, 1, {"max.message.bytes": str(dlq_limit)})
+    ensure_topics(settings.kafka_bootstrap, (event_topic, dlq_topic), **options)
+    try:
+        good = [{"type": "page", "url": f"https://good.example.org/{i}",
+                 "links": [f"https://good.example.org/{i + 1}"]} for i in range(2)]
+        publish(settings, [good[0]])
+        key = b"k" * 300_000
+        producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap,
+                                 compression_type="gzip", max_request_size=4_000_000,
+                                 **options)
+        producer.send(settings.topic, key=key, value=b"not json").get(timeout=30)
+        producer.close()
+        publish(settings, [good[1]])
+        consume(settings)
+
+        client = connect_redis(settings)
+        edges, _ = url_edges(client, settings)
+        assert edges == {(g["url"], g["links"][0]) for g in good}
+        (value, headers), = read_topic(settings, settings.dlq_topic, 1)
+        assert headers["key_truncated"] == b"300000"
+        assert headers["source_offset"] == b"1" and b"JSON" in headers["error"]
+        if dlq_limit is None:
+            assert value == b"not json" and "truncated" not in headers
+        else:
+            assert value == b"" and headers["truncated"] == b"8"
+        assert KEY_LIMIT > STUB_KEY_BYTES
+    finally:
+        delete_topics(settings.kafka_bootstrap, [settings.topic, settings.dlq_topic], **options)
