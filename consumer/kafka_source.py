@@ -99,6 +99,7 @@ class KafkaSource:
                 **kafka_options(settings),
             )
         self._partitions: list[Any] = []
+        self._log_starts: dict[int, int] = {}  # per partition, as of the last seek
 
     @property
     def partitions(self) -> list[int]:
@@ -124,14 +125,33 @@ class KafkaSource:
         return self.partitions
 
     def seek(self, offsets: Mapping[int, int]) -> None:
-        """Position every assigned partition at the Redis offset (beginning if none)."""
+        """Position every assigned partition at the Redis offset (log start if none).
+
+        A stored offset below the partition's log start means retention (or
+        DeleteRecords) removed events before this consumer read them: they are
+        gone, so reading resumes at the log start, with a warning that counts them.
+        """
         with kafka_errors("seeking"):
+            starts = self._consumer.beginning_offsets(self._partitions)
+            self._log_starts = {tp.partition: int(start) for tp, start in starts.items()}
             for tp in self._partitions:
+                start = self._log_starts[tp.partition]
                 stored = offsets.get(tp.partition)
-                if stored is None:
-                    self._consumer.seek_to_beginning(tp)
-                else:
-                    self._consumer.seek(tp, stored)
+                if stored is not None and stored < start:
+                    log.warning("events deleted before they were consumed", extra={"fields": {
+                        "partition": tp.partition, "stored_offset": stored,
+                        "log_start": start, "lost": start - stored}})
+                self._consumer.seek(tp, start if stored is None else max(stored, start))
+
+    def positions(self, offsets: Mapping[int, int]) -> dict[int, int]:
+        """``offsets`` (next offset per partition, as committed) raised to each
+        partition's log start: what is left to read, for catching up and lag. A
+        partition whose records were all deleted gets no record that would move
+        its committed offset, and would otherwise never count as caught up."""
+        out = dict(offsets)
+        for partition, start in self._log_starts.items():
+            out[partition] = max(out.get(partition, 0), start)
+        return out
 
     def poll(self, max_records: int, timeout_ms: int) -> list[Record]:
         """Up to ``max_records`` messages, ordered by offset within each partition."""

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from consumer.lock import ConsumerLock
-from consumer.score_publisher import Publication, ScorePublisher
+from consumer.publication import Publication
+from consumer.score_publisher import ScorePublisher
 from consumer.stats import ConsumerStats, iso_now
 
 log = logging.getLogger("rankstream.consumer")

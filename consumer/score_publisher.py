@@ -62,11 +62,8 @@ unconverged vector is never advertised as converged.
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -74,17 +71,17 @@ import redis
 
 from consumer.keys import Keys
 from consumer.lock import LockLost
+from consumer.publication import Chunk, Command, Publication, Published, is_fresh, meta_fields
+from consumer.redis_store import redis_errors
 from consumer.resp import command, send_commands
 from consumer.score_plan import ZsetRecord, plan_writes
-from consumer.score_wire import UrlSlice, UrlTable, zadd_command, zrem_command
+from consumer.score_wire import UrlTable, zadd_command, zrem_command
 from consumer.stats import iso_now
 from rankstream.errors import ServiceError
 
 CHUNK_MEMBERS = 5_000  # members per back-buffer command (~20 ms of Redis)
 BUDGET_FRACTION = 0.5  # share of the tolerance that unwritten moves may use
 BACK_TTL_MS = 15 * 60 * 1000  # a back buffer outlives its consumer by at most this
-
-Command = tuple[Any, ...]
 
 # The swap, atomically: lease check; "done" if meta already names this publication
 # (an earlier attempt committed); "mismatch" without writing anything if a score key
@@ -125,86 +122,6 @@ while pos <= #ARGV do
 end
 return 'ok'
 """
-
-
-def is_fresh(report_fresh: bool, bound: float, tolerance: float, total: float) -> bool:
-    """The published ``fresh`` flag: never 1 with a bound above the (relative) tolerance."""
-    return (bool(report_fresh) and math.isfinite(bound) and math.isfinite(total)
-            and bound <= tolerance * total)
-
-
-def meta_fields(*, total: float, bound: float, tolerance: float, fresh: bool, version: int,
-                refreshed_at: str, offsets: Mapping[str, int], damping: float, pages: int,
-                mode: str, engine_bound: float | None = None, publication: str = ""
-                ) -> dict[str, str]:
-    """The ``P meta:{alg}`` hash (all strings; floats in repr for full precision)."""
-    relative = bound / total if total > 0 else (0.0 if bound == 0 else float("inf"))
-    return {
-        "total": repr(float(total)),
-        "bound": repr(float(bound)),
-        "relative_bound": repr(float(relative)),
-        "engine_bound": repr(float(bound if engine_bound is None else engine_bound)),
-        "tolerance": repr(float(tolerance)),
-        "tolerance_kind": "relative",
-        "fresh": "1" if fresh else "0",
-        "version": str(version),
-        "refreshed_at": refreshed_at,
-        "offsets": json.dumps(dict(sorted(offsets.items())), separators=(",", ":")),
-        "damping": repr(float(damping)),
-        "scale": "paper",
-        "pages": str(pages),
-        "mode": mode,
-        "publication": publication,
-    }
-
-
-# -- publications ----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Published:
-    """What one publication wrote, per algorithm."""
-
-    algorithm: str
-    written: int
-    removed: int
-    unwritten: int
-    bound: float
-    total: float
-    fresh: bool
-    refreshed_at: str
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """One back-buffer command: ZADD or ZREM of some members, or UNLINK the key."""
-
-    op: str  # "ZADD", "ZREM" or "UNLINK"
-    key: str
-    ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    values: np.ndarray = field(default_factory=lambda: np.zeros(0))
-
-
-@dataclass
-class Publication:
-    """A prepared publication: back-buffer chunks, then the swap with the meta."""
-
-    publication_id: str
-    chunks: list[Chunk]
-    swap: list[Command]  # renames and TTLs, then every meta hash LAST
-    checks: list[tuple[str, int]]  # (score key, ZCARD it must have) before the swap
-    # (meta key, publication it must name) before the swap: the publication our
-    # record of that algorithm's live ZSET comes from.
-    meta_checks: list[tuple[str, str]]
-    summary: list[Published]
-    urls: UrlSlice
-    swapped: dict[str, bool]  # per algorithm: live and back records trade places
-    meta_key: str  # where the swap's idempotency check reads publication_id
-    reports: dict[str, Any]  # what it publishes (to publish again if the swap is refused)
-    attempts: int = 0
-
-    @property
-    def members(self) -> int:
-        return int(sum(c.ids.size for c in self.chunks))
 
 
 class ScorePublisher:
@@ -280,6 +197,17 @@ class ScorePublisher:
         self._live_known[algorithm] = True
         self._published_ids.pop(algorithm, None)
         self._record_ids[algorithm] = publication
+
+    def adopt_live(self, published: Mapping[str, np.ndarray]) -> None:
+        """At start, under the lease: :meth:`adopt` the live ZSETs as just read
+        (``published``, by algorithm) with the publication their meta names, and
+        :meth:`seed_back_buffer` from each. Repeatable."""
+        self.reset()
+        with redis_errors("adopting the published scores"):
+            for algorithm, values in published.items():
+                named: Any = self.client.hget(self.keys.meta(algorithm), "publication")
+                self.adopt(algorithm, values, named.decode() if named is not None else "")
+                self.seed_back_buffer(algorithm)
 
     def seed_back_buffer(self, algorithm: str) -> None:
         """Copy the adopted live ZSET into our back buffer, inside Redis (COPY).

@@ -31,7 +31,6 @@ SIGTERM/SIGINT: the current batch is finished and published, then a clean exit (
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import signal
 import threading
@@ -53,9 +52,9 @@ from consumer.pacing import Pacing
 from consumer.prefetch import Fetched, Prefetcher
 from consumer.publishing import Publications
 from consumer.recovery import Backoff, MirrorStale, Recovery
-from consumer.redis_store import connect_redis, redis_errors
+from consumer.redis_store import connect_redis
 from consumer.score_publisher import ScorePublisher
-from consumer.snapshot import leave_snapshot, read_identity, snapshot_path
+from consumer.snapshot import leave_snapshot, snapshot_path
 from consumer.stats import ConsumerStats, catching_up, lag_by_partition
 from consumer.status_writer import StatusWriter
 from ranker import set_kernel_threads
@@ -158,15 +157,8 @@ class ConsumerService:
         tune_gil_switching()
         self.stats.load_seconds = self.mirror.load_seconds
         self.recovery.committed = (self.mirror.counters.version, self.mirror.offsets_fields())
-        self.publisher.reset()
-        # Read under our lease, as the ZSETs were: the meta names what they hold.
-        publications = retry("reading the publication ids", lambda: read_identity(
-            self.redis, self.keys).publications)
-        for algorithm, values in self.mirror.published.items():
-            self.publisher.adopt(algorithm, values, publications.get(algorithm, ""))
-            seed = functools.partial(self.publisher.seed_back_buffer, algorithm)
-            with redis_errors("copying the scores into the back buffer"):
-                retry("seeding the back buffer", seed)
+        published = self.mirror.published
+        retry("adopting the published scores", lambda: self.publisher.adopt_live(published))
         self.mirror.published = {}
         self.publications.publish_now(self.mirror, self.mirror.start_reports)
         self.source = retry("connecting to kafka", lambda: KafkaSource(settings))
@@ -398,7 +390,7 @@ class ConsumerService:
 
     def _positions_after(self, next_offsets: dict[int, int]) -> dict[int, int]:
         """Next offset per partition once a batch ending at ``next_offsets`` is applied."""
-        return {**self._mirror().offsets, **next_offsets}
+        return {**self._source().positions(self._mirror().offsets), **next_offsets}
 
     def _would_be_caught_up(self, next_offsets: dict[int, int]) -> bool:
         """Would a batch ending at ``next_offsets`` reach the caught-up targets?"""
@@ -485,7 +477,8 @@ class ConsumerService:
     def _status_fields(self) -> dict[str, str]:
         mirror = self.mirror
         if self.source is not None and mirror is not None:
-            self.stats.lag = lag_by_partition(self.source.highwaters(), mirror.offsets)
+            self.stats.lag = lag_by_partition(self.source.highwaters(),
+                                              self.source.positions(mirror.offsets))
         counters = mirror.counters if mirror is not None else None
         return self.stats.status_fields(
             topic=self.settings.topic,

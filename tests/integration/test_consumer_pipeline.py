@@ -317,3 +317,33 @@ def test_a_dead_letter_always_fits_so_the_partition_never_stalls(isolated, dlq_l
         assert KEY_LIMIT > STUB_KEY_BYTES
     finally:
         delete_topics(settings.kafka_bootstrap, [settings.topic, settings.dlq_topic], **options)
+
+
+def test_events_deleted_before_they_were_read_are_counted_and_do_not_block_catching_up(
+        one_partition, caplog):
+    """Retention (here DeleteRecords) moves the log start past the stored offset, or up
+    to the end of a partition: the consumer says how many events it lost and still
+    counts as caught up, though no record arrives to move its committed offset."""
+    from kafka import TopicPartition
+    from kafka.admin import KafkaAdminClient
+
+    settings = one_partition
+    pages = [{"type": "page", "url": f"https://gone.example.org/{i}",
+              "links": ["https://gone.example.org/"]} for i in range(20)]
+    publish(settings, pages[:5])
+    consume(settings)
+    publish(settings, pages[5:])
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap,
+                             **kafka_client_options(settings))
+    try:
+        admin.delete_records({TopicPartition(settings.topic, 0): 20})
+    finally:
+        admin.close()
+    with caplog.at_level("WARNING", logger="rankstream.consumer.kafka"):
+        service = consume(settings, max_seconds=60.0)
+    assert service.stop_reason == "caught-up"
+    lost = [r for r in caplog.records
+            if r.getMessage() == "events deleted before they were consumed"]
+    assert [r.fields["lost"] for r in lost] == [15]  # type: ignore[attr-defined]
+    edges, _ = url_edges(connect_redis(settings), settings)
+    assert len(edges) == 5

@@ -23,8 +23,8 @@ from consumer.prefetch import (
     Prefetcher,
     decode_records,
 )
+from consumer.publication import is_fresh, meta_fields
 from consumer.recovery import Backoff
-from consumer.score_publisher import is_fresh, meta_fields
 from consumer.serve_cli import _bind
 from consumer.stats import (
     CATCHUP_BACKLOG_BATCHES,
