@@ -74,6 +74,12 @@ class Keys:
         """ZSET canonical URL -> paper-scale score y."""
         return f"{self.prefix}scores:{algorithm}"
 
+    @property
+    def score_buffers(self) -> str:
+        """SET of the names of the score back buffers consumers created (internal): a
+        consumer starting under the lease drops those its predecessors left."""
+        return f"{self.prefix}scores:buffers"
+
     def meta(self, algorithm: str) -> str:
         """HASH describing the published scores of one algorithm."""
         return f"{self.prefix}meta:{algorithm}"

@@ -69,7 +69,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from consumer.keys import Keys
+from consumer.keys import ALGORITHMS, Keys
 from consumer.lock import LockLost
 from consumer.publication import Chunk, Command, Publication, Published, is_fresh, meta_fields
 from consumer.redis_store import redis_errors
@@ -204,10 +204,33 @@ class ScorePublisher:
         :meth:`seed_back_buffer` from each. Repeatable."""
         self.reset()
         with redis_errors("adopting the published scores"):
+            self._drop_buffers(foreign=True)
             for algorithm, values in published.items():
                 named: Any = self.client.hget(self.keys.meta(algorithm), "publication")
                 self.adopt(algorithm, values, named.decode() if named is not None else "")
                 self.seed_back_buffer(algorithm)
+
+    def release(self) -> None:
+        """Drop our back buffers (a clean stop): each is a full copy of a ZSET."""
+        with redis_errors("dropping the score back buffers"):
+            self._drop_buffers(foreign=False)
+
+    def _drop_buffers(self, *, foreign: bool) -> None:
+        """UNLINK the registered back buffers of other consumers (``foreign``: at
+        start; they died or were fenced, and their TTL would keep each, a full copy
+        of a ZSET, for up to 15 minutes after every restart) or our own."""
+        registry = self.keys.score_buffers
+        if foreign:
+            names: Any = self.client.smembers(registry)
+            mine = {self.back_key(a).encode() for a in ALGORITHMS}
+            drop = [name for name in names if name not in mine]
+        else:
+            drop = [self.back_key(a) for a in ALGORITHMS]
+        if drop:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.unlink(*drop)
+                pipe.srem(registry, *drop)
+                pipe.execute()
 
     def seed_back_buffer(self, algorithm: str) -> None:
         """Copy the adopted live ZSET into our back buffer, inside Redis (COPY).
@@ -227,7 +250,8 @@ class ScorePublisher:
         with self.client.pipeline(transaction=True) as pipe:
             pipe.copy(self.keys.scores(algorithm), back_key, replace=True)
             pipe.pexpire(back_key, BACK_TTL_MS)
-            copied, _ = pipe.execute()
+            pipe.sadd(self.keys.score_buffers, back_key)
+            copied, *_ = pipe.execute()
         if copied:
             self._back[algorithm] = ZsetRecord(live.values.copy(), live.present.copy())
             self._back_dropped[algorithm] = True
@@ -289,6 +313,7 @@ class ScorePublisher:
                 if self._record_ids.get(algorithm):
                     meta_checks.append((self.keys.meta(algorithm), self._record_ids[algorithm]))
             renames.extend(self._swap_commands(algorithm, key, back_key, back))
+            renames.append(("SADD", self.keys.score_buffers, back_key))
             swapped[algorithm] = live_known
             bound = float(report.bound) + plan.remainder
             fresh = is_fresh(report.fresh, bound, self.tolerance, total)

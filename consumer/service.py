@@ -216,6 +216,8 @@ class ConsumerService:
             self.source.close(self.mirror.offsets if self.mirror is not None else None)
         if self.dlq is not None:
             self.dlq.close()
+        with contextlib.suppress(Exception):  # they expire anyway (BACK_TTL_MS)
+            self.publisher.release()
         self.lock.release()
         self.redis.close()
 

@@ -347,3 +347,29 @@ def test_events_deleted_before_they_were_read_are_counted_and_do_not_block_catch
     assert [r.fields["lost"] for r in lost] == [15]  # type: ignore[attr-defined]
     edges, _ = url_edges(connect_redis(settings), settings)
     assert len(edges) == 5
+
+
+def test_no_score_back_buffer_outlives_its_consumer(isolated):
+    """Each back buffer is a full copy of a ZSET: a clean stop drops its own, and a
+    start drops those a crashed predecessor left (instead of 15 minutes of TTL)."""
+    from consumer.redis_store import load_published
+    from consumer.score_publisher import ScorePublisher
+
+    settings = isolated.settings
+    keys = Keys(settings.key_prefix)
+    client = connect_redis(settings)
+    pattern = f"{settings.key_prefix}scores:*:next:*"
+    publish(settings, [{"type": "page", "url": f"https://buf.example.org/{i}",
+                        "links": ["https://buf.example.org/"]} for i in range(30)])
+    consume(settings)
+    assert list(client.scan_iter(match=pattern)) == []
+    stored = load_stored(client, keys, settings.topic)
+    ids = {url: i for i, url in enumerate(stored.urls)}
+    crashed = ScorePublisher(client, keys, damping=settings.damping,
+                             tolerance=settings.tolerance, publish_threshold=0.0,
+                             owner="crashed")
+    crashed.adopt_live(load_published(client, keys, ids.get, len(stored.urls)))
+    assert len(list(client.scan_iter(match=pattern))) == len(ALGORITHMS)
+    consume(settings)
+    assert list(client.scan_iter(match=pattern)) == []
+    assert client.scard(keys.score_buffers) == 0
