@@ -87,7 +87,8 @@ def url_host(url: str) -> str:
 
 # One pass over newline-joined canonical URLs (they never contain control
 # characters) yields every host at once: the same answer as url_host, per line.
-_HOSTS_RE = re.compile(r"^(?:[^:/?#\n]*://(?:[^@/?\n]*@)?(\[[^\]\n]*\]|[^:/?\n]*))?.*$", re.M)
+# The user part runs to the LAST "@" of the authority, as in urlsplit.
+_HOSTS_RE = re.compile(r"^(?:[^:/?#\n]*://(?:[^/?#\n]*@)?(\[[^\]\n]*\]|[^:/?\n]*))?.*$", re.M)
 
 
 def url_hosts(urls: Sequence[str]) -> list[str]:

@@ -121,12 +121,15 @@ class HitsQuery:
             raise InputError("must be in (0, 0.01]", where="tol")
 
     def normal_form(self) -> dict[str, Any]:
-        """The query as the cache sees it: sorted terms or canonical seeds, plus options."""
+        """The query as the cache sees it: sorted terms or distinct canonical seeds, plus
+        options. Seeds are sorted unless there are more than ``root_size``: the root set
+        takes the first ``root_size`` known ones, so then their order matters."""
         form: dict[str, Any] = {k: v for k, v in asdict(self).items() if k not in ("text", "seeds")}
         if self.text is not None:
             form["terms"] = query_terms(self.text)
         else:
-            form["seeds"] = sorted(set(self.canonical_seeds()))
+            seeds = self.canonical_seeds()
+            form["seeds"] = seeds if len(seeds) > self.root_size else sorted(seeds)
         return form
 
     def canonical_seeds(self) -> list[str]:
@@ -286,12 +289,14 @@ def _root_set(
 # --- cache and versions -------------------------------------------------------------
 
 
-def _versions(redis: Any, prefix: str) -> tuple[int, int]:
+def _versions(redis: Any, prefix: str) -> tuple[int, str]:
+    """The graph version and the id of the PageRank publication the answer depends on
+    (not the meta's version: a publication without new events keeps that one)."""
     pipe = redis.pipeline(transaction=False)
     pipe.hget(f"{prefix}graph", "version")
-    pipe.hget(f"{prefix}meta:{_SCORE_ALGORITHM}", "version")
-    graph_version, score_version = pipe.execute()
-    return _as_int(graph_version), _as_int(score_version)
+    pipe.hget(f"{prefix}meta:{_SCORE_ALGORITHM}", "publication")
+    graph_version, publication = pipe.execute()
+    return _as_int(graph_version), (publication or b"").decode("utf-8", "replace")
 
 
 def _as_int(raw: bytes | None) -> int:
@@ -310,7 +315,7 @@ def _cached_answer(raw: bytes | str | None) -> HitsAnswer | None:
         return None  # written by another version of rankstream: recompute
 
 
-def _cache_key(prefix: str, normal: dict[str, Any], versions: tuple[int, int]) -> str:
+def _cache_key(prefix: str, normal: dict[str, Any], versions: tuple[int, str]) -> str:
     payload = json.dumps(
         {"format": _CACHE_FORMAT, "query": normal, "versions": versions}, sort_keys=True
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -17,7 +18,7 @@ import redis
 
 from consumer.keys import ALGORITHMS, Keys
 from consumer.redis_store import redis_errors
-from rankstream.errors import InputError
+from rankstream.errors import InputError, ServiceError
 
 Scale = Literal["paper", "probability"]
 SCALES: tuple[str, ...] = ("paper", "probability")
@@ -119,8 +120,8 @@ def top_with_meta(client: redis.Redis, prefix: str, algorithm: str = "pagerank",
         rows, meta_raw = pipe.execute()
     info = Meta.from_hash(algorithm, _decode_hash(meta_raw))
     divisor = 1.0
-    if scale == "probability":
-        divisor = info.total if info.total > 0 else 1.0
+    if scale == "probability" and rows:
+        divisor = _probability_divisor(algorithm, info.total)
     return [(_text(url), float(value) / divisor) for url, value in rows], info
 
 
@@ -142,9 +143,22 @@ def score(client: redis.Redis, prefix: str, url: str, algorithm: str = "pagerank
     if value is None:
         return None
     if scale == "probability":
-        total = float(total_raw) if total_raw else 0.0
-        return float(value) / total if total > 0 else float(value)
+        try:
+            total = float(total_raw) if total_raw is not None else 0.0
+        except ValueError:
+            total = math.nan
+        return float(value) / _probability_divisor(algorithm, total)
     return float(value)
+
+
+def _probability_divisor(algorithm: str, total: float) -> float:
+    """``sum(y)`` to divide by for the probability scale. Scores without a positive
+    total (no meta, or one written by something else) are an error, not paper-scale
+    values labelled probabilities."""
+    if not (math.isfinite(total) and total > 0.0):
+        raise ServiceError(f"the {algorithm} meta has no positive total, which the "
+                           "probability scale divides by")
+    return total
 
 
 def scores_of(client: redis.Redis, prefix: str, url: str) -> dict[str, float | None]:
@@ -173,8 +187,11 @@ def status(client: redis.Redis, prefix: str) -> dict[str, Any]:
     if lock_raw is not None:
         try:
             lock = json.loads(lock_raw)
-            lock.pop("token", None)
         except ValueError:
+            lock = None
+        if isinstance(lock, dict):
+            lock.pop("token", None)
+        else:  # not the lease's JSON object: shown as it is
             lock = {"raw": _text(lock_raw)}
     return {
         "prefix": prefix,

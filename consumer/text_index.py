@@ -204,17 +204,23 @@ def match(
     counted: list[tuple[bytes | str, float]] = redis.zunion(keys, withscores=True)
     if not counted:
         return []
-    candidates = _candidates(counted, limit)
-    ids = [int(member) for member, _ in candidates]
-    pipe = redis.pipeline(transaction=False)
-    pipe.hmget(f"{prefix}page:url", ids)
-    pipe.smismember(f"{prefix}page:removed", ids)
-    urls_raw, removed = pipe.execute()
-    found = [
-        (page_id, url if isinstance(url, str) else url.decode(), int(count))
-        for page_id, url, gone, (_, count) in zip(ids, urls_raw, removed, candidates, strict=True)
-        if url is not None and not gone
-    ]
+    # Whole count groups, best first, until enough LIVE pages are in: filtering only
+    # after picking the groups returned fewer roots than asked (none at all when the
+    # best group held only removed pages) though lower groups had live matches.
+    found: list[tuple[int, str, int]] = []
+    for group in _count_groups(counted):
+        ids = [int(member) for member, _ in group]
+        pipe = redis.pipeline(transaction=False)
+        pipe.hmget(f"{prefix}page:url", ids)
+        pipe.smismember(f"{prefix}page:removed", ids)
+        urls_raw, removed = pipe.execute()
+        found.extend(
+            (page_id, url if isinstance(url, str) else url.decode(), int(count))
+            for page_id, url, gone, (_, count) in zip(ids, urls_raw, removed, group, strict=True)
+            if url is not None and not gone
+        )
+        if len(found) >= limit:
+            break
     if not found:
         return []
     scores = redis.zmscore(f"{prefix}scores:{algorithm}", [url for _, url, _ in found])
@@ -226,23 +232,22 @@ def match(
     return matches[:limit]
 
 
-def _candidates(
-    counted: list[tuple[bytes | str, float]], limit: int
-) -> list[tuple[bytes | str, float]]:
-    """Whole count groups, best first, until ``limit`` is reached (the last one capped).
+def _count_groups(
+    counted: list[tuple[bytes | str, float]],
+) -> list[list[tuple[bytes | str, float]]]:
+    """The matches grouped by how many terms they match, best group first.
 
     Only the pages that can make the cut need their PageRank looked up: every page
-    with more matching terms than the limit's boundary group is in regardless.
+    with more matching terms than the limit's boundary group is in regardless. A
+    huge group is capped at :data:`MAX_MATCH_CANDIDATES` (lowest ids).
     """
     by_count: defaultdict[float, list[tuple[bytes | str, float]]] = defaultdict(list)
     for item in counted:
         by_count[item[1]].append(item)
-    chosen: list[tuple[bytes | str, float]] = []
+    groups = []
     for count in sorted(by_count, reverse=True):
         group = by_count[count]
         if len(group) > MAX_MATCH_CANDIDATES:
             group = sorted(group, key=lambda item: int(item[0]))[:MAX_MATCH_CANDIDATES]
-        chosen.extend(group)
-        if len(chosen) >= limit:
-            break
-    return chosen
+        groups.append(group)
+    return groups

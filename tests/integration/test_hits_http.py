@@ -176,3 +176,27 @@ def test_generated_requests_never_get_a_server_error(
     case: Any, served: tuple[str, HandGraph]
 ) -> None:
     case.call_and_validate(base_url=served[0], checks=[not_a_server_error], timeout=30)
+
+
+def test_partial_or_foreign_state_gives_json_errors_not_wrong_numbers(
+    http: httpx.Client, served: tuple[str, HandGraph]
+) -> None:
+    """Scores without a meta total cannot be put on the probability scale (they used to
+    come back as paper-scale values labelled probabilities); a lease key holding a
+    JSON scalar used to make /status a plain-text 500."""
+    client, prefix = served[1].client, served[1].prefix
+    client.zadd(f"{prefix}scores:wpr", {"https://h1.com/": 1.5})
+    client.set(f"{prefix}lock", "123")
+    try:
+        paper = http.get("/top", params={"algorithm": "wpr"})
+        assert paper.status_code == 200 and paper.json()["entries"][0]["score"] == 1.5
+        for path, params in (("/top", {"algorithm": "wpr", "scale": "probability"}),
+                             ("/score", {"url": "https://h1.com/", "algorithm": "wpr",
+                                         "scale": "probability"})):
+            response = http.get(path, params=params)
+            assert response.status_code == 502, response.text
+            assert "no positive total" in response.json()["detail"]
+        status = http.get("/status")
+        assert status.status_code == 200 and status.json()["lock"] == {"raw": "123"}
+    finally:
+        client.delete(f"{prefix}scores:wpr", f"{prefix}lock")

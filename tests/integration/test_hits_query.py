@@ -184,6 +184,7 @@ def test_hosts_of_odd_urls() -> None:
         "https://user:pw@b.org:81/p@q?r=s://t": "b.org", "http://[::1]:8080/x": "[::1]",
         "https://bücher.example/straße": "bücher.example", "file:///tmp/x": "",
         "mailto:someone@example.org": "", "urn:isbn://123": "", "ftp://c.net": "c.net",
+        "https://u@v@h2.example/at": "h2.example",  # the user part ends at the LAST @
     }
     assert [url_host(u) for u in urls] == list(urls.values())
     assert url_hosts(list(urls)) == list(urls.values())
@@ -211,6 +212,20 @@ def test_text_root_set_ranks_by_matching_terms_then_pagerank(graph: HandGraph) -
     assert roots == ["https://a.org/", "https://c.org/", "https://d.org/"]
     with pytest.raises(InputError, match="no searchable terms"):
         run_hits(graph.client, graph.prefix, HitsQuery(text="the of and"))
+
+
+def test_text_root_set_fills_up_past_removed_pages(graph: HandGraph) -> None:
+    """Removed pages are filtered before the count groups are cut, not after: the best
+    group holding only a removed page must not leave the root set empty."""
+    titles = {"https://a.org/": "zebra quokka", "https://b.org/": "zebra",
+              "https://c.org/": "zebra"}
+    graph.write(titles=titles)
+    graph.client.sadd(f"{graph.prefix}page:removed", graph.ids["https://a.org/"])
+    query = HitsQuery(text="zebra quokka", root_size=1, max_in=0, drop_intrinsic=False)
+    sub = collect_subgraph(graph.client, graph.prefix, query)
+    assert [u for u, r in zip(sub.urls, sub.is_root, strict=True) if r] == ["https://b.org/"]
+    query = HitsQuery(text="zebra quokka", root_size=5, max_in=0, drop_intrinsic=False)
+    assert int(collect_subgraph(graph.client, graph.prefix, query).is_root.sum()) == 2
 
 
 # --- options -----------------------------------------------------------------------------
@@ -336,6 +351,33 @@ def test_cache_hit_then_invalidated_by_a_graph_change(graph: HandGraph) -> None:
     assert fresh.authorities[0].url == "https://good1.org/"
     assert fresh.links == first.links - 5
     assert run_hits(graph.client, graph.prefix, query).cached
+
+
+def test_seed_order_is_part_of_the_cache_key_when_it_decides_the_root_set(
+        graph: HandGraph) -> None:
+    """More seeds than root_size: the first known ones form the root set."""
+    graph.write([("https://hub0.org/", "https://a0.org/"), ("https://hub1.org/", "https://a1.org/")])
+    first, second = "https://hub0.org/", "https://hub1.org/"
+    ab = run_hits(graph.client, graph.prefix, HitsQuery(seeds=(first, second), root_size=1))
+    ba = run_hits(graph.client, graph.prefix, HitsQuery(seeds=(second, first), root_size=1))
+    assert not ba.cached
+    assert [h.url for h in ab.hubs] == [first] and [h.url for h in ba.hubs] == [second]
+    both = run_hits(graph.client, graph.prefix, HitsQuery(seeds=(second, first), root_size=2))
+    assert run_hits(graph.client, graph.prefix, HitsQuery(seeds=(first, second),
+                                                            root_size=2)).cached
+    assert both.root_size == 2
+
+
+def test_a_new_pagerank_publication_invalidates_the_cache(graph: HandGraph) -> None:
+    """PageRank picks the in-linkers (max_in) and ranks text matches; a publication
+    without new events keeps the meta's version, so the key uses its id."""
+    seeds = tuple(_mutual_reinforcement(graph))
+    meta = f"{graph.prefix}meta:pagerank"
+    graph.client.hset(meta, mapping={"version": 7, "publication": "p1"})
+    assert not run_hits(graph.client, graph.prefix, HitsQuery(seeds=seeds)).cached
+    assert run_hits(graph.client, graph.prefix, HitsQuery(seeds=seeds)).cached
+    graph.client.hset(meta, mapping={"version": 7, "publication": "p2"})
+    assert not run_hits(graph.client, graph.prefix, HitsQuery(seeds=seeds)).cached
 
 
 def test_options_are_part_of_the_cache_key(graph: HandGraph) -> None:
