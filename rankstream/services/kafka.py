@@ -161,9 +161,7 @@ def fetch_kafka(
         _POM_TEMPLATE.format(kafka_version=version, log4j_version=LOG4J_VERSION)
     )
     _proc.run_checked(
-        [mvn, "-B", "-q", f"-Dmaven.repo.local={work / 'm2'}",
-         f"{_DEPENDENCY_PLUGIN}:copy-dependencies", "-DincludeScope=runtime",
-         f"-DoutputDirectory={work / 'libs'}"],
+        mvn_fetch_command(mvn, work),
         what=f"fetching Kafka {version} from Maven Central",
         timeout=timeout,
         cwd=work,
@@ -177,6 +175,19 @@ def fetch_kafka(
     # The Maven repository copy is only a download cache; the jars are in libs/.
     shutil.rmtree(work, ignore_errors=True)
     return dest
+
+
+def mvn_fetch_command(mvn: str, work: Path) -> list[str]:
+    """``mvn`` copying the runtime classpath of ``work/pom.xml`` into ``work/libs``."""
+    return [
+        mvn, "-B", "-q",
+        # Maven 3.8 only warns about a checksum mismatch by default, and the corrupt
+        # jar would then be cached in libs/ for good: fail the download instead.
+        "--strict-checksums",
+        f"-Dmaven.repo.local={work / 'm2'}",
+        f"{_DEPENDENCY_PLUGIN}:copy-dependencies", "-DincludeScope=runtime",
+        f"-DoutputDirectory={work / 'libs'}",
+    ]
 
 
 # --- configuring, formatting, running ------------------------------------------

@@ -32,12 +32,16 @@ from rankstream.services.kafka import (
 )
 from rankstream.services.redis import (
     AclUser,
+    PingState,
     RedisServer,
-    redis_answers,
+    listen_address,
     redis_binary,
     redis_pid,
+    redis_ping,
     start_redis,
+    still_loading_error,
     stop_redis,
+    wait_for_redis,
 )
 from rankstream.settings import Settings
 
@@ -153,10 +157,21 @@ def local_services(settings: Settings, *, kafka_version: str = KAFKA_VERSION) ->
     )
 
 
+def _redis_ping(svc: LocalServices) -> PingState:
+    """PING the configured address with the configured credentials and TLS."""
+    return redis_ping(svc.redis.host, svc.redis.port, password=svc.redis.requirepass,
+                      username=svc.redis_username, ssl=svc.redis_tls,
+                      ssl_ca_certs=svc.redis_ca_certs)
+
+
 def _redis_probe(svc: LocalServices) -> bool:
-    return redis_answers(svc.redis.host, svc.redis.port, password=svc.redis.requirepass,
-                         username=svc.redis_username, ssl=svc.redis_tls,
-                         ssl_ca_certs=svc.redis_ca_certs)
+    return _redis_ping(svc) == "ready"
+
+
+def _elsewhere(svc: LocalServices) -> str | None:
+    """Where our instance listens, when that is not the configured address."""
+    listens = listen_address(svc.redis)
+    return listens if listens not in (None, svc.redis.address) else None
 
 
 def _redis_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) -> ServiceState:
@@ -170,8 +185,33 @@ def _redis_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) ->
             raise ServiceError(f"Redis at {address} does not answer, and we only start one on "
                                "loopback: start yours or fix RANKSTREAM_REDIS_URL")
         log(f"starting redis-server on {address}")
-        pid = start_redis(server, binary=redis_binary(install=install), timeout=timeout)
+        pid = start_redis(server, binary=redis_binary(install=install), timeout=timeout,
+                          log=log)
+    else:
+        _check_our_redis(svc, pid, timeout=timeout, log=log)
     return ServiceState("redis", address, True, "ours", pid, f"data {server.data_dir}")
+
+
+def _check_our_redis(svc: LocalServices, pid: int, *, timeout: float, log: Log) -> None:
+    """A live pid is not enough: it must answer, here, to the configured credentials."""
+    server = svc.redis
+    address = f"{server.host}:{server.port}"
+    elsewhere = _elsewhere(svc)
+    if elsewhere is not None:
+        # Starting a second one would share its data dir and pid file.
+        raise ServiceError(
+            f"our redis-server (pid {pid}) listens on {elsewhere}, not on the configured "
+            f"{address}: stop it (`RANKSTREAM_REDIS_URL=redis://{elsewhere}/0 ./run services "
+            "down`) or use another RANKSTREAM_STATE_DIR")
+    state = wait_for_redis(lambda: _redis_ping(svc), timeout=timeout, log=log)
+    if state == "loading":
+        raise still_loading_error(server, pid)
+    if state == "denied":
+        raise ServiceError(f"our redis-server (pid {pid}) at {address} refuses the configured "
+                           "credentials (started with others?); `./run services down` and retry")
+    if state != "ready":
+        raise ServiceError(f"our redis-server (pid {pid}) runs but does not answer at "
+                           f"{address}; `./run services down` and retry")
 
 
 def _kafka_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) -> ServiceState:
@@ -219,7 +259,8 @@ def up(settings: Settings, *, timeout: float = 120.0, install: bool = True,
 
     Starts what is missing (fetching Kafka's jars and installing redis-server the
     first time), reuses what already answers, waits up to ``timeout`` seconds per
-    service, and raises :class:`ServiceError` (with the broker log's tail) if a
+    service (a Redis still loading its AOF gets longer, and is never killed for it),
+    and raises :class:`ServiceError` (with the broker log's tail) if a
     service does not come up.
     """
     svc = local_services(settings)
@@ -235,12 +276,23 @@ def up(settings: Settings, *, timeout: float = 120.0, install: bool = True,
 def down(settings: Settings, *, timeout: float = 60.0) -> list[str]:
     """Stop what we started (SIGTERM, then SIGKILL after ``timeout``); leave the rest."""
     svc = local_services(settings)
-    said: list[str] = []
     with _proc.file_lock(svc.lock_file):
-        for name, stop in (("kafka", lambda: stop_kafka(svc.kafka, timeout=timeout)),
-                           ("redis", lambda: stop_redis(svc.redis, timeout=timeout))):
-            said.append(f"{name}: stopped" if stop() else f"{name}: not ours or not running")
-    return said
+        kafka = _stopped("kafka", stop_kafka(svc.kafka, timeout=timeout))
+        return [kafka, _redis_down(svc, timeout=timeout)]
+
+
+def _stopped(name: str, stopped: bool) -> str:
+    return f"{name}: stopped" if stopped else f"{name}: not ours or not running"
+
+
+def _redis_down(svc: LocalServices, *, timeout: float) -> str:
+    pid = redis_pid(svc.redis)
+    elsewhere = _elsewhere(svc) if pid is not None else None
+    if elsewhere is not None:
+        # Settings pointing at another port describe another Redis, not this one.
+        return (f"redis: ours (pid {pid}) listens on {elsewhere}, not on the configured "
+                f"{svc.redis.address}: left running")
+    return _stopped("redis", stop_redis(svc.redis, timeout=timeout))
 
 
 def status(settings: Settings) -> list[ServiceState]:
@@ -253,11 +305,20 @@ def _redis_status(svc: LocalServices) -> ServiceState:
     server = svc.redis
     address = f"{server.host}:{server.port}"
     pid = redis_pid(server)
+    elsewhere = _elsewhere(svc) if pid is not None else None
+    # Ours but on another port: whatever answers here is not it.
+    note = f"ours (pid {pid}) listens on {elsewhere}" if elsewhere else ""
+    if elsewhere:
+        pid = None
     owner = "ours" if pid else "external"
-    if not _redis_probe(svc):
-        detail = "process runs but does not answer (frozen?)" if pid else ""
+    state = _redis_ping(svc)
+    if state != "ready":
+        detail = note or {"loading": "loading its data",
+                          "denied": "refuses the configured credentials",
+                          "silent": "process runs but does not answer (frozen?)" if pid else ""
+                          }[state]
         return ServiceState("redis", address, False, owner if pid else "-", pid, detail)
-    return ServiceState("redis", address, True, owner, pid, _appendonly(svc))
+    return ServiceState("redis", address, True, owner, pid, f"{_appendonly(svc)} {note}".strip())
 
 
 def _appendonly(svc: LocalServices) -> str:

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import base64
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 from unittest import mock
 
-from rankstream.services import kafka
+import pytest
+
+from rankstream.errors import ServiceError
+from rankstream.services import kafka, redis, stack
+from rankstream.settings import load_settings
 
 
 def test_cluster_ids_never_start_with_a_dash():
@@ -19,3 +25,179 @@ def test_cluster_ids_never_start_with_a_dash():
     for _ in range(2000):
         cluster_id = kafka.new_cluster_id()
         assert len(cluster_id) == 22 and not cluster_id.startswith("-")
+
+
+# --- redis.conf -------------------------------------------------------------------
+
+def test_redis_conf_quotes_paths_with_spaces(tmp_path: Path) -> None:
+    # A HOME with a space in it made redis-server refuse its own config.
+    server = redis.RedisServer(home=tmp_path / "my home" / "redis", port=16399)
+    conf = redis.redis_conf(server).splitlines()
+    assert f'pidfile "{server.pid_file}"' in conf
+    assert f'logfile "{server.log_file}"' in conf
+    assert f'dir "{server.data_dir}"' in conf
+
+
+@pytest.mark.parametrize("bad", ['say "hi"', "back\\slash", "new\nline"])
+def test_redis_conf_refuses_paths_it_cannot_quote(tmp_path: Path, bad: str) -> None:
+    server = redis.RedisServer(home=tmp_path / bad)
+    with pytest.raises(ServiceError, match="RANKSTREAM_STATE_DIR"):
+        redis.redis_conf(server)
+
+
+def test_listen_address_is_read_back_from_the_config_we_wrote(tmp_path: Path) -> None:
+    server = redis.RedisServer(home=tmp_path, host="localhost", port=16399,
+                               requirepass="pw", acl_users=(redis.AclUser("u", "p"),))
+    assert redis.listen_address(server) is None
+    server.conf_file.write_text(redis.redis_conf(server))
+    assert redis.listen_address(server) == server.address == "127.0.0.1:16399"
+    moved = redis.RedisServer(home=tmp_path, port=16400)
+    assert redis.listen_address(moved) != moved.address
+
+
+# --- Debian's service -------------------------------------------------------------
+
+def test_debian_redis_service_is_stopped_and_disabled_best_effort() -> None:
+    calls: list[list[str]] = []
+
+    def run_checked(argv: list[str], **_: object) -> str:
+        calls.append(argv)
+        raise ServiceError(f"{argv[0]} not found")  # no init tools in a container
+
+    with mock.patch.object(redis._proc, "live_pid", return_value=321), \
+            mock.patch.object(redis._proc, "run_checked", side_effect=run_checked):
+        redis._stop_debian_service()
+    assert calls == [["invoke-rc.d", "redis-server", "stop"],
+                     ["update-rc.d", "redis-server", "disable"],
+                     ["systemctl", "disable", "redis-server"]]
+
+
+def test_debian_redis_service_is_disabled_even_when_not_running() -> None:
+    with mock.patch.object(redis._proc, "live_pid", return_value=None), \
+            mock.patch.object(redis._proc, "run_checked", return_value="") as run:
+        redis._stop_debian_service()
+    assert [c.args[0][0] for c in run.call_args_list] == ["update-rc.d", "systemctl"]
+
+
+# --- waiting for a redis-server -------------------------------------------------------
+
+@pytest.fixture
+def no_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(redis.time, "sleep", lambda _: None)
+
+
+def _probe(*states: redis.PingState) -> Callable[[], redis.PingState]:
+    answers = iter(states)
+    return lambda: next(answers)
+
+
+def test_wait_keeps_waiting_for_a_server_loading_its_aof(no_sleep: None) -> None:
+    said: list[str] = []
+    # timeout=0 would give up after the first "silent"; LOADING extends the wait.
+    state = redis.wait_for_redis(_probe("loading", "loading", "silent", "ready"),
+                                 timeout=0.0, log=said.append)
+    assert state == "ready"
+    assert len(said) == 1 and "loading" in said[0]
+
+
+def test_wait_gives_up_on_a_silent_server_after_the_timeout(no_sleep: None) -> None:
+    assert redis.wait_for_redis(_probe("silent"), timeout=0.0) == "silent"
+
+
+def test_wait_reports_loading_when_loading_outlasts_its_timeout(
+    no_sleep: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redis, "LOADING_TIMEOUT", 0.0)
+    # A probe timing out mid-load is still a server that is loading.
+    assert redis.wait_for_redis(_probe("loading", "silent"), timeout=0.0) == "loading"
+
+
+def _start_patched(tmp_path: Path, state: redis.PingState) -> tuple[mock.MagicMock, str]:
+    server = redis.RedisServer(home=tmp_path, port=16399)
+    with mock.patch.object(redis, "redis_pid", side_effect=[None, 4242, 4242]), \
+            mock.patch.object(redis._proc, "port_open", return_value=False), \
+            mock.patch.object(redis._proc, "run_checked", return_value=""), \
+            mock.patch.object(redis, "_ping_server", return_value=state), \
+            mock.patch.object(redis._proc, "stop_process") as stop, \
+            pytest.raises(ServiceError) as failed:
+        redis.start_redis(server, binary="redis-server", timeout=0.0)
+    return stop, str(failed.value)
+
+
+def test_start_never_kills_a_server_still_loading_its_data(
+    tmp_path: Path, no_sleep: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redis, "LOADING_TIMEOUT", 0.0)
+    stop, message = _start_patched(tmp_path, "loading")
+    stop.assert_not_called()
+    assert "still loading its data" in message and "pid 4242" in message
+
+
+def test_start_stops_a_server_that_never_answers(tmp_path: Path, no_sleep: None) -> None:
+    stop, message = _start_patched(tmp_path, "silent")
+    stop.assert_called_once()
+    assert "did not answer" in message
+
+
+# --- up / down with a redis-server of ours --------------------------------------------
+
+def _ours(tmp_path: Path, *, started_on: int, configured: int) -> stack.LocalServices:
+    """Services configured for port ``configured``; ours was started on ``started_on``."""
+    settings = load_settings(redis_url=f"redis://127.0.0.1:{configured}/0",
+                             state_dir=tmp_path, cache_dir=tmp_path,
+                             redis_password=None, redis_username=None)
+    svc = stack.local_services(settings)
+    svc.redis.home.mkdir(parents=True)
+    started = redis.RedisServer(home=svc.redis.home, port=started_on)
+    svc.redis.conf_file.write_text(redis.redis_conf(started))
+    return svc
+
+
+def test_up_refuses_our_redis_listening_on_another_port(tmp_path: Path) -> None:
+    svc = _ours(tmp_path, started_on=16399, configured=16380)
+    with mock.patch.object(stack, "redis_pid", return_value=4242), \
+            mock.patch.object(stack, "redis_ping") as ping, \
+            pytest.raises(ServiceError, match=r"pid 4242\) listens on 127.0.0.1:16399, not on "
+                                              r"the configured 127.0.0.1:16380"):
+        stack._redis_up(svc, install=False, timeout=0.0, log=print)
+    ping.assert_not_called()
+
+
+@pytest.mark.parametrize(("state", "why"), [("silent", "does not answer at 127.0.0.1:16399"),
+                                            ("denied", "refuses the configured credentials")])
+def test_up_refuses_our_redis_when_it_does_not_answer(
+    tmp_path: Path, no_sleep: None, state: redis.PingState, why: str
+) -> None:
+    # A live pid used to be enough: a frozen server counted as up.
+    svc = _ours(tmp_path, started_on=16399, configured=16399)
+    with mock.patch.object(stack, "redis_pid", return_value=4242), \
+            mock.patch.object(stack, "redis_ping", return_value=state), \
+            pytest.raises(ServiceError, match=why):
+        stack._redis_up(svc, install=False, timeout=0.0, log=print)
+
+
+def test_up_accepts_our_redis_once_it_answers(tmp_path: Path, no_sleep: None) -> None:
+    svc = _ours(tmp_path, started_on=16399, configured=16399)
+    with mock.patch.object(stack, "redis_pid", return_value=4242), \
+            mock.patch.object(stack, "redis_ping", side_effect=["loading", "ready"]):
+        state = stack._redis_up(svc, install=False, timeout=0.0, log=lambda _: None)
+    assert (state.up, state.owner, state.pid) == (True, "ours", 4242)
+
+
+def test_down_leaves_our_redis_on_another_port_alone(tmp_path: Path) -> None:
+    svc = _ours(tmp_path, started_on=16399, configured=16380)
+    with mock.patch.object(stack, "redis_pid", return_value=4242), \
+            mock.patch.object(stack, "stop_redis") as stop:
+        said = stack._redis_down(svc, timeout=1.0)
+    stop.assert_not_called()
+    assert said.endswith("listens on 127.0.0.1:16399, not on the configured 127.0.0.1:16380: "
+                         "left running")
+
+
+# --- fetching Kafka -----------------------------------------------------------------
+
+def test_kafka_jars_are_fetched_with_strict_checksums(tmp_path: Path) -> None:
+    # Maven 3.8 only warns on a checksum mismatch, and the corrupt jar stays cached.
+    argv = kafka.mvn_fetch_command("mvn", tmp_path)
+    assert argv[0] == "mvn" and ("-C" in argv or "--strict-checksums" in argv)
+    assert f"-Dmaven.repo.local={tmp_path / 'm2'}" in argv
