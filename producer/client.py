@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from producer.schema import DEFAULT_LIMITS, Event, Limits, encode_event, event_key, make_event
-from rankstream.errors import ServiceError, ServiceUnavailable
+from rankstream.errors import InputError, ServiceError, ServiceUnavailable
 
 __all__ = ["LinkPublisher"]
 
@@ -84,7 +84,8 @@ class LinkPublisher:
         self.limits = limits
         self.sent = 0
         self.delivered = 0
-        self._failures: list[BaseException] = []
+        self._failures: list[BaseException] = []  # not reported to the caller yet (a sample)
+        self._unreported = 0
         self._failed_total = 0
         self._lock = threading.Lock()
         self._closed = False
@@ -149,14 +150,23 @@ class LinkPublisher:
         self._publish_dict({"type": "page_removed", "url": url}, ts)
 
     def publish_event(self, event: Event) -> None:
-        """An already validated event (from :func:`producer.schema.decode_event`)."""
-        self.publish_raw(encode_event(event), event_key(event))
+        """An already validated event (from :func:`producer.schema.decode_event`).
+
+        Raises :class:`InputError`, sending nothing, if its encoding exceeds
+        ``limits.max_message_bytes``: the consumer would only dead-letter it (a long
+        title or anchor texts can get there with few links).
+        """
+        value = encode_event(event)
+        if len(value) > self.limits.max_message_bytes:
+            raise InputError(f"message too large: {len(value)} > "
+                             f"{self.limits.max_message_bytes} bytes")
+        self.publish_raw(value, event_key(event))
 
     def publish_raw(self, value: bytes, key: bytes | None = None) -> None:
         """Bytes as they are, unvalidated: for replaying logs and injecting bad input."""
         from kafka.errors import KafkaError
 
-        self._raise_failures()
+        self._raise_failures(unsent=True)
         if self._closed:
             raise ServiceError("publisher is closed")
         try:
@@ -181,6 +191,7 @@ class LinkPublisher:
     def _on_failed(self, exc: BaseException) -> None:
         with self._lock:
             self._failed_total += 1
+            self._unreported += 1
             if len(self._failures) < 100:  # keep a sample, count them all
                 self._failures.append(exc)
 
@@ -190,15 +201,18 @@ class LinkPublisher:
         with self._lock:
             return self._failed_total
 
-    def _raise_failures(self) -> None:
+    def _raise_failures(self, *, unsent: bool = False) -> None:
+        """Report the delivery failures not reported yet; ``unsent``: raised instead of
+        sending the caller's event, which the message then says."""
         with self._lock:
             if not self._failures:
                 return
-            first, count = self._failures[0], self._failed_total
+            first, count = self._failures[0], self._unreported
             self._failures = []
-            self._failed_total = 0
+            self._unreported = 0
+        which, also = ("earlier ", "; this event was not sent either") if unsent else ("", "")
         raise ServiceError(
-            f"{count} event(s) not delivered to {self.topic}: {first!r}"
+            f"{count} {which}event(s) not delivered to {self.topic}: {first!r}{also}"
         ) from first
 
     # --- lifecycle ----------------------------------------------------------------

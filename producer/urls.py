@@ -5,8 +5,9 @@ Rules, applied to absolute URLs only (a crawler resolves relative hrefs first):
 1. the scheme is lower-cased (``HTTP:`` -> ``http:``);
 2. the host is lower-cased (userinfo, path and query are not);
 3. the fragment (``#...``) is dropped: it never names a different document;
-4. the port is dropped when it is the scheme's default (80 for http, 443 for https),
-   and so is an empty port (``http://h:/`` -> ``http://h/``);
+4. the port is written as a number (``:0080`` -> ``:80``) and dropped when it is the
+   scheme's default (80 for http, 443 for https), and so is an empty port
+   (``http://h:/`` -> ``http://h/``);
 5. an empty http(s) path becomes ``/`` (RFC 3986 section 6.2.3: ``https://a.org`` and
    ``https://a.org/`` are the same request target, so they must be the same page).
 
@@ -182,10 +183,11 @@ def _canonical_authority(scheme: str, authority: str) -> str:
     if port:
         if not port.isdigit() or not port.isascii():
             raise UrlError(f"invalid port: {port[:20]!r}")
-        if int(port) > 65535:
+        number = int(port)
+        if number > 65535:
             raise UrlError(f"port out of range: {port[:20]}")
-        if port == DEFAULT_PORTS.get(scheme):
-            port = ""
+        # As a number: "0080" is port 80, and must not make a second page of it.
+        port = "" if str(number) == DEFAULT_PORTS.get(scheme) else str(number)
     host = host.lower()
     return f"{userinfo}{at}{host}:{port}" if port else f"{userinfo}{at}{host}"
 

@@ -62,7 +62,9 @@ class AppliedEvents:
     ts_updates: dict[int, int] = field(default_factory=dict)
     """Page id -> the ``ts`` to record (epoch ms) from applied page/page_removed events."""
     titles: dict[int, str] = field(default_factory=dict)
-    """Page id -> title from applied ``page`` events (pages removed at the end excluded)."""
+    """Page id -> title of its last applied ``page`` event. A later ``page_removed`` does
+    not take it back: Redis keeps the titles of removed pages (a revived page shows
+    its last title again), so a batch writes what one-event batches would have."""
     anchors: list[tuple[int, int, str]] = field(default_factory=list)
     """``(src id, dst id, anchor text)`` for links present at the end of the batch."""
     applied: int = 0
@@ -254,7 +256,6 @@ class EventApplier:
                         continue
                     ts_updates[page_or_none] = event.ts
                 overlay.remove_page(page_or_none, when)
-                titles.pop(page_or_none, None)
                 page_anchors.pop(page_or_none, None)
             else:  # pragma: no cover - the schema admits no other type
                 raise TypeError(f"not an event: {event!r}")
@@ -273,7 +274,7 @@ class EventApplier:
             batch=batch,
             new_pages=[(page, graph.key_of(page)) for page in range(first_new, graph.num_ids)],
             ts_updates=ts_updates,
-            titles={page: title for page, title in titles.items() if page not in overlay.dead},
+            titles=titles,
             anchors=anchors,
             applied=len(events) - stale,
             stale_ignored=stale,

@@ -92,6 +92,9 @@ def test_invalid_input_is_refused_before_sending(isolated: Isolated) -> None:
     with LinkPublisher.from_settings(isolated.settings) as publisher:
         with pytest.raises(InputError, match="bad url: links\\[0\\]"):
             publisher.publish_page("https://example.org/", ["not a url"])
+        # Valid, but over the consumer's message limit: it would only be dead-lettered.
+        with pytest.raises(InputError, match="message too large"):
+            publisher.publish_page("https://example.org/", [], title="x" * 1_100_000)
         publisher.publish_raw(b"\xff not json", b"raw")  # raw bytes are the caller's business
         assert publisher.sent == 1
     records = read_back(isolated.settings, isolated.topic, 1)
@@ -122,7 +125,15 @@ def test_broker_rejection_is_raised_by_flush_not_swallowed(services: Settings) -
         with pytest.raises(ServiceError, match="1 event\\(s\\) not delivered"):
             publisher.flush()
         assert time.monotonic() - started < FAILURE_BOUND_S
-        assert publisher.delivered == 0
+        assert publisher.delivered == 0 and publisher.failed == 1
+        publisher.publish_raw(b"x" * 5000, b"big")
+        deadline = time.monotonic() + FAILURE_BOUND_S
+        while publisher.failed < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # Reported by the next call, which says its own event was not sent either.
+        with pytest.raises(ServiceError, match=r"1 earlier event.*not sent either"):
+            publisher.publish_raw(b"small", b"ok")
+        assert publisher.sent == 2 and publisher.failed == 2
         publisher.publish_raw(b"small", b"ok")  # the failure was reported once, not forever
         publisher.close()
         assert publisher.delivered == 1

@@ -200,6 +200,24 @@ def test_titles_anchors_and_ts_updates() -> None:
     assert result.titles == {} and result.anchors == []
 
 
+def test_titles_do_not_depend_on_where_batches_split() -> None:
+    """Redis keeps a removed page's title, so one batch must write what one-event
+    batches would: the last page event's title, removal or revival after it or not."""
+    events = [page("p", "x", title="alpha"), gone("p"), added("q", "p"),
+              page("r", title="beta"), gone("r")]
+    graph = LinkGraph()
+    together = {graph.key_of(i): t for i, t in EventApplier(graph).apply(events).titles.items()}
+    assert together == {url("p"): "alpha", url("r"): "beta"}
+    graph = LinkGraph()
+    applier = EventApplier(graph)
+    apart: dict[str, str] = {}
+    for event in events:
+        result = applier.apply([event])
+        graph.apply(result.batch)
+        apart.update({graph.key_of(i): t for i, t in result.titles.items()})
+    assert apart == together
+
+
 def test_last_ts_is_taken_from_the_caller() -> None:
     graph, _, _ = run_batches([[page("a", "b")]])
     last = np.full(graph.num_ids, NO_TS, dtype=np.int64)

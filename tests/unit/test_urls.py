@@ -30,6 +30,9 @@ from producer.urls import (
         ("http://example.org:443/x", "http://example.org:443/x"),
         ("https://example.org:80/x", "https://example.org:80/x"),
         ("http://example.org:8080/x", "http://example.org:8080/x"),
+        ("http://example.org:0080/x", "http://example.org/x"),  # port 80, leading zeros
+        ("https://example.org:00443/x", "https://example.org/x"),
+        ("http://example.org:08080/x", "http://example.org:8080/x"),
         ("http://example.org:/x", "http://example.org/x"),
         # an empty http(s) path is "/"
         ("https://example.org", "https://example.org/"),
@@ -103,7 +106,7 @@ url_like = st.builds(
     lambda scheme, host, port, rest: f"{scheme}://{host}{port}{rest}",
     st.sampled_from(["http", "HTTP", "https", "HttpS", "file", "ftp"]),
     st.sampled_from(["example.org", "Example.ORG", "", "bücher.de", "[::1]", "u@h.org"]),
-    st.sampled_from(["", ":80", ":443", ":8080", ":"]),
+    st.sampled_from(["", ":80", ":443", ":8080", ":", ":0080", ":08080"]),
     st.text(URL_CHARS, max_size=30),
 )
 
