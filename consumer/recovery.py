@@ -145,9 +145,9 @@ class Recovery:
             try:
                 return self.retry(what, action)
             except (LockLost, redis.WatchError):
-                self._regain_lease()
+                self.regain_lease()
 
-    def _regain_lease(self) -> None:
+    def regain_lease(self) -> None:
         """The lease changed under a transaction: continue, rebuild or stop.
 
         The graph writer and the publisher may both get here after one freeze; they
@@ -159,7 +159,9 @@ class Recovery:
 
     def _regain_lease_locked(self) -> None:
         if self.retry("checking the lease", self.lock.still_ours):
-            return  # the WATCH tripped for another reason (e.g. our key expired and came back)
+            # The WATCH tripped for another reason (e.g. our key expired and came back).
+            self.lock.lost.clear()
+            return
         if not self.retry("taking the lease again", self.lock.reacquire):
             raise LockHeld(f"another consumer took {self.keys.lock} while this one was "
                            "stalled; stopping")

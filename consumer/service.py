@@ -245,6 +245,10 @@ class ConsumerService:
                 self._maybe_publish(force=True)
                 if self.publications.idle:
                     self.refresh_if_stale()
+                if self.lock.lost.is_set():
+                    # An idle consumer makes no fenced write that would notice another
+                    # one took the lease: continue, rebuild or stop now, as one would.
+                    self.recovery.regain_lease()
                 self._heartbeat()
                 return 0
             self.process(batch, polled_at=polled_at if polled else None)

@@ -13,11 +13,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from rankstream.services import up
 from rankstream.services.testing import Isolated
 from rankstream.services.testing import isolated as isolate
 from rankstream.settings import Settings, load_settings
+
+# CI must not turn red on a slow moment of a shared box (a deadline) or on an example
+# no earlier run tried: property tests run derandomized by default. To search for new
+# examples: pytest --hypothesis-profile explore.
+hypothesis_settings.register_profile("ci", derandomize=True, deadline=None, database=None,
+                                     print_blob=True)
+hypothesis_settings.register_profile("explore", deadline=None)
+hypothesis_settings.load_profile("ci")
 
 _TESTS = Path(__file__).parent
 # The tests under each of these directories carry the marker of the same name.

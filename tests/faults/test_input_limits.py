@@ -148,7 +148,7 @@ def test_unusual_urls_round_trip_through_redis_and_the_http_api(
     client = fault_stack.client()
     keys = Keys(settings.key_prefix)
     with serving(client, settings.key_prefix) as base, \
-            httpx.Client(base_url=base, timeout=30) as http:
+            httpx.Client(base_url=base, timeout=30, trust_env=False) as http:
         for url in ODD_URLS:
             page_id = client.hget(keys.page_id, url.encode())
             assert page_id is not None, url

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -373,3 +374,39 @@ def test_no_score_back_buffer_outlives_its_consumer(isolated):
     consume(settings)
     assert list(client.scan_iter(match=pattern)) == []
     assert client.scard(keys.score_buffers) == 0
+
+
+def test_an_idle_consumer_stops_when_another_takes_its_lease(isolated):
+    """An idle consumer makes no fenced write that would notice: its renewal thread
+    sees the lease go, and the idle loop then stops it (LockHeld) instead of letting
+    it run on beside the new holder."""
+    import threading
+
+    from consumer.lock import Holder, LockHeld
+
+    settings = isolated.settings
+    keys = Keys(settings.key_prefix)
+    client = connect_redis(settings)
+    publish(settings, [{"type": "page", "url": "https://idle.example.org/", "links": []}])
+    service = ConsumerService(settings, ConsumeOptions(lock_ttl_ms=1500))
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            service.run()
+        except BaseException as exc:  # handed to the test thread
+            failures.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while client.hget(keys.graph, "version") != b"1" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(3.0)  # published and refreshed: nothing left that would write
+    other = Holder(host="elsewhere.example", pid=4242, since="2026-11-27T00:00:00+00:00",
+                   token="f" * 32)
+    client.set(keys.lock, other.encode(), px=60_000)
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "the idle consumer kept running beside the new holder"
+    assert len(failures) == 1 and isinstance(failures[0], LockHeld)
+    assert client.get(keys.lock) == other.encode()  # and it left the new lease alone

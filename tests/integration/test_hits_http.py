@@ -74,7 +74,7 @@ def served(services: Settings) -> Iterator[tuple[str, HandGraph]]:
 
 @pytest.fixture
 def http(served: tuple[str, HandGraph]) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=served[0], timeout=30) as client:
+    with httpx.Client(base_url=served[0], timeout=30, trust_env=False) as client:
         yield client
 
 
