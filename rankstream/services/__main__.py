@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -19,13 +20,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     command.add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        return command.run(args, load_settings())
+        code = command.run(args, load_settings())
+        sys.stdout.flush()  # a closed pipe shows here, not as noise at exit
+        return code
     except RankstreamError as exc:
         sys.stderr.write(f"rankstream services {args.action}: error: {exc}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write(f"rankstream services {args.action}: interrupted\n")
         return 130
+    except BrokenPipeError:
+        # `./run services status | head -1` closes our stdout early: not an error. The
+        # interpreter flushes stdout again at exit; let that go nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
