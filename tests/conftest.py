@@ -9,6 +9,8 @@ marker named after their directory (for ``-m``), set by one hook here.
 
 from __future__ import annotations
 
+import gc
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +33,18 @@ hypothesis_settings.load_profile("ci")
 _TESTS = Path(__file__).parent
 # The tests under each of these directories carry the marker of the same name.
 MARKED_DIRECTORIES = ("integration", "faults", "soak")
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_settings_restored() -> Iterator[None]:
+    """An in-process consumer tunes the whole interpreter (consumer.cpython_tuning:
+    gc.freeze, the collector threshold, the GIL switch interval); put it back after
+    each test, so later tests do not run differently depending on their order."""
+    threshold, interval = gc.get_threshold(), sys.getswitchinterval()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+    sys.setswitchinterval(interval)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
