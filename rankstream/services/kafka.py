@@ -291,6 +291,21 @@ def format_storage(broker: KafkaBroker, *, java: str, timeout: float = 120.0) ->
     return True
 
 
+def kafka_listen_address(broker: KafkaBroker) -> str | None:
+    """``host:port`` of the PLAINTEXT listener in the configuration our broker was last
+    started with (written at every start), if any: where a running one listens, even
+    after the settings moved to another port."""
+    try:
+        text = broker.properties_file.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "advertised.listeners" and value.startswith("PLAINTEXT://"):
+            return value.removeprefix("PLAINTEXT://").strip()
+    return None
+
+
 def kafka_pid(broker: KafkaBroker) -> int | None:
     """Pid of the broker we started, if it is running."""
     return _proc.live_pid(broker.pid_file, _MAIN_CLASS)

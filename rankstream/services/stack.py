@@ -24,6 +24,7 @@ from rankstream.services.kafka import (
     ensure_topics,
     fetch_kafka,
     kafka_answers,
+    kafka_listen_address,
     kafka_pid,
     libs_dir_for,
     start_kafka,
@@ -232,10 +233,24 @@ def _kafka_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) ->
                                     install=install)
         log(f"starting Kafka {broker.version} (KRaft) on {broker.bootstrap}")
         pid = start_kafka(broker, java=java, timeout=timeout)
-    elif not _proc.wait_until(lambda: kafka_answers(broker.bootstrap, **opts), timeout):
-        raise ServiceError(f"our Kafka broker (pid {pid}) runs but does not answer at "
-                           f"{broker.bootstrap}")
+    else:
+        elsewhere = _kafka_elsewhere(broker)
+        if elsewhere is not None:
+            # Waiting for it at the configured address could only time out.
+            raise ServiceError(
+                f"our Kafka broker (pid {pid}) listens on {elsewhere}, not on the configured "
+                f"{broker.bootstrap}: stop it (`RANKSTREAM_KAFKA_BOOTSTRAP={elsewhere} ./run "
+                "services down`) or use another RANKSTREAM_STATE_DIR")
+        if not _proc.wait_until(lambda: kafka_answers(broker.bootstrap, **opts), timeout):
+            raise ServiceError(f"our Kafka broker (pid {pid}) runs but does not answer at "
+                               f"{broker.bootstrap}")
     return ServiceState("kafka", broker.bootstrap, True, "ours", pid, f"Kafka {broker.version}")
+
+
+def _kafka_elsewhere(broker: KafkaBroker) -> str | None:
+    """Where our broker listens, when that is not the configured address."""
+    listens = kafka_listen_address(broker)
+    return listens if listens not in (None, broker.bootstrap) else None
 
 
 def _create_topics(svc: LocalServices, *, timeout: float, log: Log) -> None:
@@ -277,12 +292,21 @@ def down(settings: Settings, *, timeout: float = 60.0) -> list[str]:
     """Stop what we started (SIGTERM, then SIGKILL after ``timeout``); leave the rest."""
     svc = local_services(settings)
     with _proc.file_lock(svc.lock_file):
-        kafka = _stopped("kafka", stop_kafka(svc.kafka, timeout=timeout))
-        return [kafka, _redis_down(svc, timeout=timeout)]
+        return [_kafka_down(svc, timeout=timeout), _redis_down(svc, timeout=timeout)]
 
 
 def _stopped(name: str, stopped: bool) -> str:
     return f"{name}: stopped" if stopped else f"{name}: not ours or not running"
+
+
+def _kafka_down(svc: LocalServices, *, timeout: float) -> str:
+    pid = kafka_pid(svc.kafka)
+    elsewhere = _kafka_elsewhere(svc.kafka) if pid is not None else None
+    if elsewhere is not None:
+        # Settings pointing at another port describe another broker, not this one.
+        return (f"kafka: ours (pid {pid}) listens on {elsewhere}, not on the configured "
+                f"{svc.kafka.bootstrap}: left running")
+    return _stopped("kafka", stop_kafka(svc.kafka, timeout=timeout))
 
 
 def _redis_down(svc: LocalServices, *, timeout: float) -> str:

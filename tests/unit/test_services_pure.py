@@ -201,3 +201,41 @@ def test_kafka_jars_are_fetched_with_strict_checksums(tmp_path: Path) -> None:
     argv = kafka.mvn_fetch_command("mvn", tmp_path)
     assert argv[0] == "mvn" and ("-C" in argv or "--strict-checksums" in argv)
     assert f"-Dmaven.repo.local={tmp_path / 'm2'}" in argv
+
+
+# --- up / down with a Kafka broker of ours ---------------------------------------------
+
+def _our_broker(tmp_path: Path, *, started_on: int, configured: int) -> stack.LocalServices:
+    """Services configured for port ``configured``; our broker was started on ``started_on``."""
+    settings = load_settings(kafka_bootstrap=f"127.0.0.1:{configured}", state_dir=tmp_path,
+                             cache_dir=tmp_path)
+    svc = stack.local_services(settings)
+    svc.kafka.home.mkdir(parents=True)
+    started = kafka.KafkaBroker(home=svc.kafka.home, libs_dir=svc.kafka.libs_dir,
+                                port=started_on)
+    svc.kafka.properties_file.write_text(kafka.server_properties(started))
+    return svc
+
+
+def test_kafka_listen_address_is_read_back_from_the_config_we_wrote(tmp_path: Path) -> None:
+    svc = _our_broker(tmp_path, started_on=19092, configured=19092)
+    assert kafka.kafka_listen_address(svc.kafka) == svc.kafka.bootstrap == "127.0.0.1:19092"
+    svc.kafka.properties_file.unlink()
+    assert kafka.kafka_listen_address(svc.kafka) is None
+
+
+def test_up_and_down_leave_our_broker_on_another_port_alone(tmp_path: Path) -> None:
+    """Waiting for it at the configured address could only time out, with a
+    misleading 'does not answer'; down with such settings used to stop it."""
+    svc = _our_broker(tmp_path, started_on=19092, configured=19094)
+    with mock.patch.object(stack, "kafka_pid", return_value=4243), \
+            mock.patch.object(stack, "kafka_answers", return_value=False) as answers, \
+            pytest.raises(ServiceError, match=r"pid 4243\) listens on 127.0.0.1:19092, not on "
+                                              r"the configured 127.0.0.1:19094"):
+        stack._kafka_up(svc, install=False, timeout=0.0, log=print)
+    answers.assert_not_called()
+    with mock.patch.object(stack, "kafka_pid", return_value=4243), \
+            mock.patch.object(stack, "stop_kafka") as stop:
+        said = stack._kafka_down(svc, timeout=0.0)
+    stop.assert_not_called()
+    assert "left running" in said
