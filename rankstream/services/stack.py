@@ -169,10 +169,21 @@ def _redis_probe(svc: LocalServices) -> bool:
     return _redis_ping(svc) == "ready"
 
 
-def _elsewhere(svc: LocalServices) -> str | None:
-    """Where our instance listens, when that is not the configured address."""
-    listens = listen_address(svc.redis)
-    return listens if listens not in (None, svc.redis.address) else None
+def _elsewhere(listens: str | None, configured: str) -> str | None:
+    """Where ours listens (read back from the configuration it was started with), when
+    that is not the configured address."""
+    return listens if listens not in (None, configured) else None
+
+
+def _redis_elsewhere(svc: LocalServices) -> str | None:
+    return _elsewhere(listen_address(svc.redis), svc.redis.address)
+
+
+def _moved_error(what: str, pid: int, elsewhere: str, configured: str, setting: str
+                 ) -> ServiceError:
+    return ServiceError(
+        f"our {what} (pid {pid}) listens on {elsewhere}, not on the configured {configured}: "
+        f"stop it (`{setting} ./run services down`) or use another RANKSTREAM_STATE_DIR")
 
 
 def _redis_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) -> ServiceState:
@@ -197,13 +208,11 @@ def _check_our_redis(svc: LocalServices, pid: int, *, timeout: float, log: Log) 
     """A live pid is not enough: it must answer, here, to the configured credentials."""
     server = svc.redis
     address = f"{server.host}:{server.port}"
-    elsewhere = _elsewhere(svc)
+    elsewhere = _redis_elsewhere(svc)
     if elsewhere is not None:
         # Starting a second one would share its data dir and pid file.
-        raise ServiceError(
-            f"our redis-server (pid {pid}) listens on {elsewhere}, not on the configured "
-            f"{address}: stop it (`RANKSTREAM_REDIS_URL=redis://{elsewhere}/0 ./run services "
-            "down`) or use another RANKSTREAM_STATE_DIR")
+        raise _moved_error("redis-server", pid, elsewhere, address,
+                           f"RANKSTREAM_REDIS_URL=redis://{elsewhere}/0")
     state = wait_for_redis(lambda: _redis_ping(svc), timeout=timeout, log=log)
     if state == "loading":
         raise still_loading_error(server, pid)
@@ -234,23 +243,15 @@ def _kafka_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) ->
         log(f"starting Kafka {broker.version} (KRaft) on {broker.bootstrap}")
         pid = start_kafka(broker, java=java, timeout=timeout)
     else:
-        elsewhere = _kafka_elsewhere(broker)
+        elsewhere = _elsewhere(kafka_listen_address(broker), broker.bootstrap)
         if elsewhere is not None:
             # Waiting for it at the configured address could only time out.
-            raise ServiceError(
-                f"our Kafka broker (pid {pid}) listens on {elsewhere}, not on the configured "
-                f"{broker.bootstrap}: stop it (`RANKSTREAM_KAFKA_BOOTSTRAP={elsewhere} ./run "
-                "services down`) or use another RANKSTREAM_STATE_DIR")
+            raise _moved_error("Kafka broker", pid, elsewhere, broker.bootstrap,
+                               f"RANKSTREAM_KAFKA_BOOTSTRAP={elsewhere}")
         if not _proc.wait_until(lambda: kafka_answers(broker.bootstrap, **opts), timeout):
             raise ServiceError(f"our Kafka broker (pid {pid}) runs but does not answer at "
                                f"{broker.bootstrap}")
     return ServiceState("kafka", broker.bootstrap, True, "ours", pid, f"Kafka {broker.version}")
-
-
-def _kafka_elsewhere(broker: KafkaBroker) -> str | None:
-    """Where our broker listens, when that is not the configured address."""
-    listens = kafka_listen_address(broker)
-    return listens if listens not in (None, broker.bootstrap) else None
 
 
 def _create_topics(svc: LocalServices, *, timeout: float, log: Log) -> None:
@@ -292,31 +293,31 @@ def down(settings: Settings, *, timeout: float = 60.0) -> list[str]:
     """Stop what we started (SIGTERM, then SIGKILL after ``timeout``); leave the rest."""
     svc = local_services(settings)
     with _proc.file_lock(svc.lock_file):
-        return [_kafka_down(svc, timeout=timeout), _redis_down(svc, timeout=timeout)]
+        return _stop_ours(svc, timeout=timeout)
+
+
+def _stop_ours(svc: LocalServices, *, timeout: float) -> list[str]:
+    kafka, redis = svc.kafka, svc.redis
+    return [
+        _down("kafka", kafka_pid(kafka), kafka_listen_address(kafka), kafka.bootstrap,
+              lambda: stop_kafka(kafka, timeout=timeout)),
+        _down("redis", redis_pid(redis), listen_address(redis), redis.address,
+              lambda: stop_redis(redis, timeout=timeout)),
+    ]
 
 
 def _stopped(name: str, stopped: bool) -> str:
     return f"{name}: stopped" if stopped else f"{name}: not ours or not running"
 
 
-def _kafka_down(svc: LocalServices, *, timeout: float) -> str:
-    pid = kafka_pid(svc.kafka)
-    elsewhere = _kafka_elsewhere(svc.kafka) if pid is not None else None
+def _down(name: str, pid: int | None, listens: str | None, configured: str,
+          stop: Callable[[], bool]) -> str:
+    elsewhere = _elsewhere(listens, configured) if pid is not None else None
     if elsewhere is not None:
-        # Settings pointing at another port describe another broker, not this one.
-        return (f"kafka: ours (pid {pid}) listens on {elsewhere}, not on the configured "
-                f"{svc.kafka.bootstrap}: left running")
-    return _stopped("kafka", stop_kafka(svc.kafka, timeout=timeout))
-
-
-def _redis_down(svc: LocalServices, *, timeout: float) -> str:
-    pid = redis_pid(svc.redis)
-    elsewhere = _elsewhere(svc) if pid is not None else None
-    if elsewhere is not None:
-        # Settings pointing at another port describe another Redis, not this one.
-        return (f"redis: ours (pid {pid}) listens on {elsewhere}, not on the configured "
-                f"{svc.redis.address}: left running")
-    return _stopped("redis", stop_redis(svc.redis, timeout=timeout))
+        # Settings pointing at another port describe another server, not this one.
+        return (f"{name}: ours (pid {pid}) listens on {elsewhere}, not on the configured "
+                f"{configured}: left running")
+    return _stopped(name, stop())
 
 
 def status(settings: Settings) -> list[ServiceState]:
@@ -329,7 +330,7 @@ def _redis_status(svc: LocalServices) -> ServiceState:
     server = svc.redis
     address = f"{server.host}:{server.port}"
     pid = redis_pid(server)
-    elsewhere = _elsewhere(svc) if pid is not None else None
+    elsewhere = _redis_elsewhere(svc) if pid is not None else None
     # Ours but on another port: whatever answers here is not it.
     note = f"ours (pid {pid}) listens on {elsewhere}" if elsewhere else ""
     if elsewhere:

@@ -187,8 +187,9 @@ def test_up_accepts_our_redis_once_it_answers(tmp_path: Path, no_sleep: None) ->
 def test_down_leaves_our_redis_on_another_port_alone(tmp_path: Path) -> None:
     svc = _ours(tmp_path, started_on=16399, configured=16380)
     with mock.patch.object(stack, "redis_pid", return_value=4242), \
+            mock.patch.object(stack, "stop_kafka", return_value=False), \
             mock.patch.object(stack, "stop_redis") as stop:
-        said = stack._redis_down(svc, timeout=1.0)
+        _, said = stack._stop_ours(svc, timeout=1.0)
     stop.assert_not_called()
     assert said.endswith("listens on 127.0.0.1:16399, not on the configured 127.0.0.1:16380: "
                          "left running")
@@ -235,7 +236,8 @@ def test_up_and_down_leave_our_broker_on_another_port_alone(tmp_path: Path) -> N
         stack._kafka_up(svc, install=False, timeout=0.0, log=print)
     answers.assert_not_called()
     with mock.patch.object(stack, "kafka_pid", return_value=4243), \
+            mock.patch.object(stack, "stop_redis", return_value=False), \
             mock.patch.object(stack, "stop_kafka") as stop:
-        said = stack._kafka_down(svc, timeout=0.0)
+        said, _ = stack._stop_ours(svc, timeout=0.0)
     stop.assert_not_called()
     assert "left running" in said
