@@ -47,6 +47,7 @@ import numpy as np
 
 from benchmarks.ranker_table import HEADER, LEGEND, Row, crossover, format_row, row_details
 from ranker import _kernels as K
+from ranker.dominant_mode import NO_MODE
 from ranker.edge_batches import EdgeBatch
 from ranker.incremental import LiveRanks
 from ranker.linkgraph import LinkGraph
@@ -195,7 +196,8 @@ def time_one_sweep(ranks: LiveRanks, algorithm: str) -> float:
         qstate = np.zeros_like(engine.qstate)
         started = time.perf_counter()
         K.sweep(engine.kind, DAMPING, 0.0, 1.0, n, y, r, g.out_start, g.out_len, g.out_nbr,
-                g.in_len, engine.si, engine.so, touched, qstate, is_touched, 2**62)
+                g.in_len, engine.si, engine.so, touched, qstate, is_touched, 2**62, 0.0,
+                NO_MODE)
         best = min(best, time.perf_counter() - started)
     return best
 

@@ -321,20 +321,29 @@ def clear_queue(queue, qstate, inq):
 
 @njit(cache=True)
 def sweep(kind, damping, eps, omega, num_nodes, y, r, out_start, out_len, out_nbr, in_len,
-          si, so, touched, qstate, is_touched, max_work):
+          si, so, touched, qstate, is_touched, max_work, shift, w):
     """One (over-relaxed) Gauss-Seidel sweep: every page with ``|r[m]| > eps``, in id
     order (sequential memory access), moves ``omega * r[m]`` into ``y[m]`` (and
     ``d * M[n, m] * omega * r[m]`` into each ``r[n]``), leaving ``(1 - omega) * r[m]``:
     the invariant ``r = b + d*M*y - y`` holds for any ``omega`` (1: plain sweeps).
-    The sweep stops early once it has visited ``max_work`` links (the invariant
-    holds after every page). Returns ``(pushes, work, sum |r|, max |r|)``, the last
-    two computed exactly in a second pass over ``r``.
+
+    ``shift`` != 0 also adds ``shift * w`` to ``r``, each page's share as the sweep
+    reaches it (no pass of its own): with ``w = d*M*v - v`` that is the residual of
+    ``y + shift * v``, and the caller moves ``shift * v`` into ``y`` once its
+    refresh is over (a deflation, :mod:`ranker.dominant_mode`). The sweep stops
+    pushing once it has visited ``max_work`` links (the rest only get their share).
+    Returns ``(pushes, work, sum |r|, max |r|, sum r*w)``, the last three computed
+    exactly in a second pass over ``r`` (``sum r*w`` is 0 when ``w`` is empty).
     """
     pushes = 0
     work = 0
     for m in range(num_nodes):
+        if shift != 0.0:
+            r[m] += shift * w[m]
         if work >= max_work:
-            break
+            if shift == 0.0:
+                break
+            continue
         mass = r[m]
         if abs(mass) <= eps:
             continue
@@ -353,8 +362,8 @@ def sweep(kind, damping, eps, omega, num_nodes, y, r, out_start, out_len, out_nb
         for i in range(deg):
             n = out_nbr[base + i]
             r[n] += c * _edge_factor(mode, n, in_len, out_len)
-    total, peak = abs_stats(r, num_nodes)
-    return pushes, work, total, peak
+    total, peak, along = stats_along(r, num_nodes, w)
+    return pushes, work, total, peak, along
 
 
 @njit(cache=True, parallel=True)
@@ -399,15 +408,27 @@ def full_residual_pull(kind, damping, num_nodes, live, y, r, in_start, in_len, i
 
 
 @njit(cache=True)
-def abs_stats(values, count):
-    """``(sum |v|, max |v|)`` of the first ``count`` entries."""
+def stats_along(values, count, w):
+    """``(sum |v|, max |v|, sum v*w)`` of the first ``count`` entries (the last is 0
+    when ``w`` is empty)."""
     total = 0.0
     peak = 0.0
+    along = 0.0
+    weighted = w.size > 0
     for v in range(count):
         a = abs(values[v])
         total += a
         if a > peak:
             peak = a
+        if weighted:
+            along += values[v] * w[v]
+    return total, peak, along
+
+
+@njit(cache=True)
+def abs_stats(values, count):
+    """``(sum |v|, max |v|)`` of the first ``count`` entries."""
+    total, peak, _ = stats_along(values, count, values[:0])
     return total, peak
 
 

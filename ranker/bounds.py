@@ -6,6 +6,23 @@ summing to at most ``1 / (1 - d)``. Hence the L1 bound ``||e||_1 <= ||r||_1 / (1
 that every published vector carries (``docs/algorithms.md``, "Incremental refresh"),
 and the per-page and probability-scale bounds below, which follow from it.
 Pure functions of a few floats: the engines call them, tests check them on their own.
+
+Tolerance semantics of the incremental engines (:mod:`ranker.residual`), decided
+here. ``tolerance`` is RELATIVE: a refresh is fresh when ``||r||_1 / (1-d) <=
+tolerance * sum(y)``, i.e. when the certified L1 error of the probability-scale
+vector ``x = y / sum(y)`` is at most about ``tolerance`` (at most
+``2 * tolerance / (1 - tolerance)``, see :func:`probability_bound`).
+An absolute L1 tolerance would have to grow with the graph: ``sum(y)`` is of the
+order of the page count, so a fixed absolute figure means a near-exact global solve
+per batch on a large graph and a sloppy one on a small graph. The relative figure
+costs the same per changed link whatever the graph size, which is what makes
+incremental refresh pay. Reports carry both the absolute and the relative bound.
+
+An L1 bound says little about one page: ``max |y_exact - y|`` is only bounded by
+``max|r| * max(y_exact) / (1 - d)`` (the rows of ``(I - d*M)^-1`` sum to
+``y_exact / (1 - d)`` for both PageRank and WPR), which the report carries as
+``max_abs_bound``. Callers that need a per-page accuracy set ``max_error``: the
+refresh then also pushes until that certified per-page bound is at most it.
 """
 
 from __future__ import annotations

@@ -7,21 +7,8 @@ contribution ``d*M[:, m]*y[m]`` before the graph changes and :meth:`absorb` adds
 new one after, so the invariant holds exactly (up to rounding, which the periodic
 full recomputation wipes out). :meth:`refresh` then pushes residual mass into ``y``.
 
-Tolerance semantics (decided here). ``tolerance`` is RELATIVE: a refresh is fresh
-when ``||r||_1 / (1-d) <= tolerance * sum(y)``, i.e. when the certified L1 error of
-the probability-scale vector ``x = y / sum(y)`` is at most about ``tolerance`` (at
-most ``2 * tolerance / (1 - tolerance)``, see ``ranker.bounds.probability_bound``).
-An absolute L1 tolerance would have to grow with the graph: ``sum(y)`` is of the
-order of the page count, so a fixed absolute figure means a near-exact global solve
-per batch on a large graph and a sloppy one on a small graph. The relative figure
-costs the same per changed link whatever the graph size, which is what makes
-incremental refresh pay. Reports carry both the absolute and the relative bound.
-
-An L1 bound says little about one page: ``max |y_exact - y|`` is only bounded by
-``max|r| * max(y_exact) / (1 - d)`` (the rows of ``(I - d*M)^-1`` sum to
-``y_exact / (1 - d)`` for both PageRank and WPR), which the report carries as
-``max_abs_bound``. Callers that need a per-page accuracy set ``max_error``: the
-refresh then also pushes until that certified per-page bound is at most it.
+Tolerance semantics (decided in :mod:`ranker.bounds`): ``tolerance`` is RELATIVE,
+``||r||_1 / (1-d) <= tolerance * sum(y)``; ``max_error`` optionally bounds each page.
 
 Local or global: the refresh starts as a FIFO frontier push (work proportional to
 the change). If the push spends more than ``local_work`` link visits per link of
@@ -30,9 +17,11 @@ warm-started Gauss-Seidel sweeps over all pages (``mode="global"``), which touch
 memory in order and cost one link visit per link per sweep. A change of about the
 size of one that went global before goes global at once (``global_from``), so the
 push budget is not burnt on every large batch; the bar rises slowly so that the
-push is re-tried now and then. Sweeps are over-relaxed (``SWEEP_OMEGA``) only when
-plain sweeps were measured to converge slowly, and fall back to plain ones as soon
-as ``||r||_1`` grows, so they always converge.
+push is re-tried now and then. Only where plain sweeps were measured to converge
+slowly are they accelerated: PageRank's by removing their dominant mode after each
+sweep (:mod:`ranker.dominant_mode`), WPR's, or PageRank's on a graph without such a
+mode, by over-relaxation (``SWEEP_OMEGA``). Either stops as soon as ``||r||_1``
+grows, and plain sweeps never raise it, so they always converge.
 
 WPR batches touch many columns (``{u} + B(u) + B(v)``, and B of a hub is huge), but
 only the changed sources get new out-rows: the other columns keep their targets
@@ -53,19 +42,21 @@ import numpy as np
 from ranker import _graph_kernels as GK
 from ranker import _kernels as K
 from ranker.bounds import max_abs_bound, push_thresholds
+from ranker.dominant_mode import Deflation, DominantMode
 from ranker.edge_batches import AppliedBatch, sorted_unique
 from ranker.linkgraph import LinkGraph
 from ranker.results import RefreshReport
 
 ALGORITHM_KINDS = {"pagerank": K.KIND_PAGERANK, "wpr": K.KIND_WPR}
-# Over-relaxation of global sweeps (measured on the 1M-page copying-model graph,
-# 1k-link batches: PageRank needs 19 sweeps at 1.15 instead of 30 at 1.0 and its
-# leftover residual changes sign, so the measured error is far below the bound;
-# WPR needs more sweeps above 1.0). Any value is safe: see ResidualEngine.refresh.
+# Over-relaxation of slow global sweeps where there is no dominant mode to remove
+# (measured on the 1M-page cyclic copying-model graph, 1k-link batches: PageRank
+# needed 19 sweeps at 1.15 instead of 30 at 1.0; removing the mode instead needs
+# 9-10, and both together gain nothing; WPR needs more sweeps above 1.0). Any value
+# is safe: see ResidualEngine.refresh.
 SWEEP_OMEGA = {"pagerank": 1.15, "wpr": 1.0}
 # Plain sweeps that shrink ||r||_1 by less than this factor each (the geometric mean
 # over a refresh) mean slow, eigenvalue-bound convergence through cycles (measured
-# 0.63-0.68 on the 1M-page cyclic copying-model graph): there over-relaxing pays.
+# 0.63-0.68 on the 1M-page cyclic copying-model graph): there accelerating pays.
 # Where changes die out along paths (the DAG model: 0.31-0.47) it only adds
 # overshoot to clean up (measured up to 2.5x slower).
 SLOW_SWEEP = 0.55
@@ -114,7 +105,8 @@ class ResidualEngine:
         self.local_work = local_work
         self.max_sweeps = max_sweeps
         self.omega = SWEEP_OMEGA[algorithm] if omega is None else float(omega)
-        self._relax = False  # over-relax sweeps (decided by measuring plain ones)
+        self._relax = False  # accelerate sweeps (decided by measuring plain ones)
+        self.mode = DominantMode(graph, damping) if self.kind == K.KIND_PAGERANK else None
         self._global_runs = 0
         self.last_rate = 0.0
         self.global_from = np.inf  # column-update work from which refreshes go global
@@ -128,8 +120,7 @@ class ResidualEngine:
         self.inq = np.zeros(0, dtype=np.bool_)
         self.is_touched = np.zeros(0, dtype=np.bool_)
         self.is_marked = np.zeros(0, dtype=np.bool_)  # scratch of columns()
-        # Scratch of a WPR batch between retract and absorb: the changed sources and
-        # the degrees, before the change, of the pages whose degrees may change.
+        # WPR batch scratch from retract to absorb: changed sources, degrees before.
         self.is_source = np.zeros(0, dtype=np.bool_)
         self.has_prev = np.zeros(0, dtype=np.bool_)
         self.prev_in = np.zeros(0, dtype=np.int32)
@@ -141,11 +132,9 @@ class ResidualEngine:
         self.l1 = 0.0  # running ||r||_1, exact after every refresh
         self.pending_work = 0
         self.rescan = False  # queue every page above the threshold at the next refresh
-        # r is not maintained until the next refresh recomputes it (a whole-graph absorb
-        # was deferred): column updates meanwhile would be thrown away, so they are skipped.
+        # r awaits a recomputation at the next refresh: column updates meanwhile are skipped.
         self.stale = False
-        # WPR's SI and SO match the graph. Every batch keeps them so, stale or not
-        # (see _keep_sums), so a recomputation of r does not have to re-sum them all.
+        # WPR's SI and SO match the graph: every batch, stale or not, keeps them (_keep_sums).
         self.sums_exact = False
         self.eps_scale = 1.0  # push threshold in units of its floor (adapted per refresh)
         self.total = 0.0
@@ -166,6 +155,8 @@ class ResidualEngine:
             new = np.zeros(cap, dtype=old.dtype)
             new[: old.size] = old
             setattr(self, name, new)
+        if self.mode is not None:
+            self.mode.grow(cap)
         if self.queue.size <= cap:
             # Re-lay the ring in order into a bigger power-of-two buffer.
             size = int(self.qstate[K.Q_SIZE])
@@ -245,20 +236,18 @@ class ResidualEngine:
             self.base[pages] = want
             self.l1 += float(np.abs(self.r[pages]).sum() - np.abs(old_r).sum())
             K.enqueue_pages(pages, self.queue, self.qstate, self.inq)
-            # New pages have y = 0, so their columns cost nothing to add; their first
-            # push visits their links, which is what makes the change this big (the
-            # refresh compares it with the changes that went global before).
+            # New pages have y = 0: their columns cost nothing now, their first push
+            # visits their links (the refresh compares that with earlier changes).
             self.pending_work += int(g.out_len[pages].sum())
         plan, self._plan = self._plan, None
         if self.kind == K.KIND_WPR and plan is not None and plan[2] is cols:
             sources, changed, _ = plan
             reweigh = int(g.out_len[cols].sum())
             if reweigh > FULL_RESIDUAL_SHARE * g.num_links:
-                # Growing graphs send many links to hubs, and each re-weighs every
-                # in-neighbour of the hub: on a 1M-page graph a batch of 50k new links
-                # re-weighed 614k columns (6.4M link visits) in 0.55 s. The full
-                # recomputation is left to the next refresh, so batches absorbed
-                # without one in between (see LiveRanks.absorb) share it.
+                # Growing graphs send many links to hubs, each re-weighing every
+                # in-neighbour of the hub (1M pages, 50k new links: 614k columns,
+                # 0.55 s). The recomputation is left to the next refresh, so batches
+                # absorbed without one in between (LiveRanks.absorb) share it.
                 self.stale = True
                 self.pending_work += reweigh
                 self._keep_sums(plan)
@@ -286,10 +275,9 @@ class ResidualEngine:
         """Bring WPR's SI and SO up to date after a batch whose r is left stale.
 
         The changed sources are re-summed; every other page only shifts by the degree
-        changes of the pages it links to (:func:`ranker._kernels.shift_sums`). On 1M
-        pages that replaced a re-summation of all 8M links by 40k + 1.1M link visits
-        per batch of 40k new links. Without the batch's plan (a caller that did not
-        go through :meth:`columns`) the sums are re-summed at the next recomputation.
+        changes of the pages it links to (:func:`ranker._kernels.shift_sums`): on 1M
+        pages, 40k + 1.1M link visits per batch of 40k new links instead of all 8M.
+        Without the batch's plan the sums are re-summed at the next recomputation.
         """
         if self.kind != K.KIND_WPR:
             return
@@ -311,6 +299,8 @@ class ResidualEngine:
         self.l1 -= float(np.abs(self.r[dead]).sum())
         self.y[dead] = 0.0
         self.r[dead] = 0.0
+        if self.mode is not None:
+            self.mode.forget(dead)
         self.published[removed] = 0.0
         # Removed and revived by the same batch: readers dropped its score, so it
         # must be published again even if y did not move.
@@ -321,6 +311,8 @@ class ResidualEngine:
                                   *self._arrays(), self.queue, self.qstate, self.inq)
         self.pending_work += work
         self.l1 += dl1
+        if self.mode is not None:
+            self.mode.shift_columns(cols, sign)
 
     # ---------------------------------------------------------------- exact state
     def recompute_residual(self) -> float:
@@ -337,6 +329,8 @@ class ResidualEngine:
         self.l1, _ = K.full_residual_pull(self.kind, self.damping, n, live, self.y, self.r,
                                           g.in_start, g.in_len, g.in_nbr, g.out_len,
                                           self.si, self.so)
+        if self.mode is not None:
+            self.mode.recompute_image()
         K.clear_queue(self.queue, self.qstate, self.inq)
         self.rescan = True
         self.stale = False
@@ -415,10 +409,11 @@ class ResidualEngine:
                             self.queue, self.qstate, self.inq)
             self.rescan = False
         lowered = False
-        # Over-relax only where plain sweeps were measured to converge slowly (see
-        # SLOW_SWEEP); every PROBE_EVERY-th global refresh re-measures at omega = 1.
+        # Accelerate only slow sweeps (SLOW_SWEEP); every PROBE_EVERY-th one re-measures.
         probe = not capped and self.omega != 1.0 and self._global_runs % PROBE_EVERY == 0
-        omega = self.omega if self._relax and not probe and not capped else 1.0
+        accelerate = self._relax and not probe and not capped
+        omega = self.omega if accelerate else 1.0
+        deflation = Deflation(None, n)  # PageRank's instead of omega (ranker.dominant_mode)
         global_start = 0.0
         while True:
             target, eps = self._thresholds(total, y_max, live_count, tol)
@@ -437,12 +432,16 @@ class ResidualEngine:
                 before = self.l1
                 if sweeps == 0:
                     global_start = before
+                    if accelerate and self.mode is not None:
+                        deflation = self.mode.deflation(self.y)
+                        omega = 1.0 if deflation.active else omega
                     if capped:
                         pass_eps = PRIORITY_START * before / live_count
                 threshold = max(eps, pass_eps) if capped else eps
-                p, w, l1, peak = K.sweep(self.kind, d, threshold, omega, n, self.y, self.r,
-                                         *self._arrays(), self.touched, self.qstate,
-                                         self.is_touched, global_budget - global_work)
+                p, w, l1, peak, along = K.sweep(
+                    self.kind, d, threshold, omega, n, self.y, self.r, *self._arrays(),
+                    self.touched, self.qstate, self.is_touched, global_budget - global_work,
+                    deflation.shift, deflation.w)
                 global_work += w
                 if capped and w < PRIORITY_THIN * g.num_links:
                     pass_eps = threshold / PRIORITY_STEP
@@ -450,11 +449,13 @@ class ResidualEngine:
                     # Over-relaxation is only guaranteed to converge for omega below
                     # 2 / (1 + d); plain Gauss-Seidel never raises ||r||_1.
                     omega = 1.0
+                    deflation.stop()
+                deflation.swept(p, along, live_count)
                 pushes += p
                 work += w
                 sweeps += 1
             self.l1 = l1
-            total, y_max = K.sum_max(self.y, n)
+            total, y_max = deflation.bounds(*K.sum_max(self.y, n))
             target, eps = self._thresholds(total, y_max, live_count, tol)
             if l1 <= target and max_abs_bound(peak, y_max, d) <= self._max_error():
                 break
@@ -470,6 +471,8 @@ class ResidualEngine:
             if mode == "local" and K.enqueue_above(n, eps, self.r, self.queue, self.qstate,
                                                    self.inq) == 0:
                 break  # only rounding noise is left; reported as not fresh
+        if deflation.finish(self.y, self.touched, self.qstate, self.is_touched):
+            total, y_max = K.sum_max(self.y, n)
         if sweeps and probe and sweeps >= 3 and global_start > 0.0:
             self.last_rate = (max(l1, 1e-300) / global_start) ** (1.0 / sweeps)
             self._relax = self.last_rate > SLOW_SWEEP

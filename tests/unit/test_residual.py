@@ -7,6 +7,7 @@ import pytest
 
 from ranker import _kernels as K
 from ranker import residual
+from ranker.dominant_mode import NO_MODE
 from ranker.edge_batches import EdgeBatch
 from ranker.incremental import LiveRanks
 from ranker.pagerank import pagerank
@@ -84,7 +85,8 @@ def test_over_relaxed_sweep_keeps_the_residual_invariant() -> None:
         engine.y[:n] += engine.r[:n] * 0.5
         engine.recompute_residual()
         K.sweep(engine.kind, engine.damping, 0.0, 1.3, n, engine.y, engine.r,
-                *engine._arrays(), engine.touched, engine.qstate, engine.is_touched, 2**62)
+                *engine._arrays(), engine.touched, engine.qstate, engine.is_touched, 2**62,
+                0.0, NO_MODE)
         assert engine.recompute_residual() <= 1e-12
 
 
