@@ -50,7 +50,8 @@ class LiveRanks:
             about twice as much per link visit as a sweep (random order): on the
             1M-page DAG graph a 1k-link PageRank batch took 485 ms pushing locally
             (0.78 link visits per link) and 270 ms in sweeps (0.72), while 10-link
-            batches (0.13-0.15) were 3x faster pushed locally.
+            batches (0.13-0.15) were 3x faster pushed locally. 0: global sweeps
+            for every change.
         recompute_every: batches between exact residual recomputations.
     """
 

@@ -114,8 +114,7 @@ class ResidualEngine:
         self.y = np.zeros(0)
         self.r = np.zeros(0)
         self.published = np.zeros(0)
-        self.si = np.zeros(0)
-        self.so = np.zeros(0)
+        self.si, self.so = np.zeros(0), np.zeros(0)  # WPR's SI and SO
         self.base = np.zeros(0)  # b: 1 - d on live pages, 0 elsewhere
         self.inq = np.zeros(0, dtype=np.bool_)
         self.is_touched = np.zeros(0, dtype=np.bool_)
@@ -389,7 +388,8 @@ class ResidualEngine:
         # y grows where links were added; the threshold is re-derived from the exact
         # maximum after every pass, so an underestimate here only costs a pass.
         y_max = self.y_max
-        budget = int(self.local_work * max(g.num_links, 1)) + 10_000
+        # The floor keeps small graphs local; local_work = 0: sweeps for every change.
+        budget = int(self.local_work * max(g.num_links, 1)) + (10_000 if self.local_work else 0)
         # A capped refresh's global passes may visit this many links in all.
         global_budget = (2**62 if max_sweeps is None
                          else int(max_sweeps * max(g.num_links, 1)) + 1)
