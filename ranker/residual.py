@@ -404,10 +404,10 @@ class ResidualEngine:
             mode = "global"
             K.clear_queue(self.queue, self.qstate, self.inq)
             self.global_from *= 1.06
-        if self.rescan:
+        if self.rescan and mode == "local":  # global sweeps visit every page anyway
             K.enqueue_above(n, self._thresholds(total, y_max, live_count, tol)[1], self.r,
                             self.queue, self.qstate, self.inq)
-            self.rescan = False
+        self.rescan = False
         lowered = False
         # Accelerate only slow sweeps (SLOW_SWEEP); every PROBE_EVERY-th one re-measures.
         probe = not capped and self.omega != 1.0 and self._global_runs % PROBE_EVERY == 0
