@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from rankstream.edgelist import read_edges
-from rankstream.errors import InputError
+from rankstream.errors import ConvergenceError, InputError
 from rankstream.settings import Settings
 
 if TYPE_CHECKING:
@@ -104,9 +104,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         publish_threshold=0.0,
         max_iter=settings.max_iter,
     )
-    ranks.cold_start()
+    report = ranks.cold_start()[args.algorithm]
     for batch in _edge_batches(graph, args, limits):
-        ranks.apply(batch)
+        report = ranks.apply(batch)[args.algorithm]
+    if not report.fresh:
+        # The scores printed are the last refresh's: never print them as converged.
+        raise ConvergenceError(
+            f"{args.algorithm} did not reach --tolerance {args.tolerance:g} within "
+            f"{settings.max_iter} sweeps (relative bound {report.relative_bound:.3g}); "
+            f"raise RANKSTREAM_MAX_ITER or the tolerance",
+            iterations=report.sweeps, error=report.bound)
 
     scores = ranks.scores(args.algorithm)
     alive = graph.live_mask()

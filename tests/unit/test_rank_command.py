@@ -177,3 +177,22 @@ def test_allowed_schemes_take_a_comma_list_or_json(monkeypatch: pytest.MonkeyPat
     assert load_settings().allowed_schemes == ("https", "http")
     monkeypatch.setenv("RANKSTREAM_ALLOWED_SCHEMES", '["https"]')
     assert load_settings().allowed_schemes == ("https",)
+
+
+@pytest.mark.parametrize("algorithm", ["pagerank", "wpr"])
+def test_unconverged_scores_are_an_error_not_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    algorithm: str,
+) -> None:
+    from ranker.synthetic import copying_model_graph
+
+    graph = copying_model_graph(2000, 8.0, seed=3)
+    edges = tmp_path / "web.tsv"
+    edges.write_text("".join(f"p{s}\tp{d}\n" for s, d in zip(graph.src, graph.dst, strict=True)))
+    monkeypatch.setenv("RANKSTREAM_MAX_ITER", "2")
+    argv = ["rank", "--edges", str(edges), "--algorithm", algorithm, "--tolerance", "1e-12"]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "did not reach --tolerance 1e-12 within 2 sweeps" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
