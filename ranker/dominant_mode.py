@@ -213,7 +213,8 @@ class Deflation:
                       if self.active and spread and self.mode is not None else 0.0)
 
     def stop(self) -> None:
-        """No more shifts this refresh (the last sweep did not lower ``||r||_1``)."""
+        """No more shifts this refresh (the last sweep did not lower ``||r||_1``).
+        Call after :meth:`swept`: a shift a sweep already added to ``r`` stays owed."""
         self.active = False
         self.shift = 0.0
 

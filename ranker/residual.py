@@ -136,9 +136,7 @@ class ResidualEngine:
         # WPR's SI and SO match the graph: every batch, stale or not, keeps them (_keep_sums).
         self.sums_exact = False
         self.eps_scale = 1.0  # push threshold in units of its floor (adapted per refresh)
-        self.total = 0.0
-        self.y_max = 0.0
-        self.bound = 0.0
+        self.total = self.y_max = self.bound = 0.0
         # As many as the graph has room for, so both grow at the same batch.
         self._ensure(graph.id_capacity)
 
@@ -412,7 +410,8 @@ class ResidualEngine:
         # Accelerate only slow sweeps (SLOW_SWEEP); every PROBE_EVERY-th one re-measures.
         probe = not capped and self.omega != 1.0 and self._global_runs % PROBE_EVERY == 0
         accelerate = self._relax and not probe and not capped
-        omega = self.omega if accelerate else 1.0
+        # d * omega > 1 grows r geometrically along swept paths (d = 0.95, 1.15: 1e44).
+        omega = max(1.0, min(self.omega, 0.98 / d)) if accelerate else 1.0
         deflation = Deflation(None, n)  # PageRank's instead of omega (ranker.dominant_mode)
         global_start = 0.0
         while True:
@@ -445,12 +444,12 @@ class ResidualEngine:
                 global_work += w
                 if capped and w < PRIORITY_THIN * g.num_links:
                     pass_eps = threshold / PRIORITY_STEP
+                deflation.swept(p, along, live_count)  # books the shift this sweep added
                 if l1 > before:
                     # Over-relaxation is only guaranteed to converge for omega below
                     # 2 / (1 + d); plain Gauss-Seidel never raises ||r||_1.
                     omega = 1.0
                     deflation.stop()
-                deflation.swept(p, along, live_count)
                 pushes += p
                 work += w
                 sweeps += 1

@@ -73,7 +73,8 @@ class RefreshReport:
         total: ``sum(y)``.
         moved_ids: live pages whose ``y`` moved by more than the publish threshold
             since they were last published; ``moved_scores`` their new ``y``.
-        mode: "local" (frontier push), "global" (sweeps) or "cold" (static solve).
+        mode: "local" (frontier push), "global" (sweeps) or "cold" (solved from
+            scratch, by sweeps from ``y = 1``).
         pushes: single-page pushes done (sweeps included).
         seconds: wall time of the refresh.
         relative_bound: ``bound / total`` (what ``tolerance`` is compared with).

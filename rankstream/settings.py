@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     damping: float = Field(0.85, gt=0.0, lt=1.0)
     tolerance: float = Field(
         1e-6,
-        gt=0.0,
+        ge=1e-12,  # ranker.bounds.MIN_TOLERANCE (not imported: settings load without numba)
         description="relative certified bound: scores are fresh when the L1 error bound "
         "||r||_1/(1-d) on y is at most tolerance * sum(y), i.e. an L1 bound on x = y/sum(y)",
     )

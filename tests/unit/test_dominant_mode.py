@@ -10,6 +10,7 @@ from ranker import dominant_mode
 from ranker.dominant_mode import Deflation
 from ranker.edge_batches import EdgeBatch
 from ranker.incremental import LiveRanks
+from ranker.linkgraph import LinkGraph
 from ranker.pagerank import pagerank
 from ranker.residual import ResidualEngine
 from ranker.synthetic import copying_model_graph, random_edit_batch
@@ -154,3 +155,49 @@ def test_wpr_keeps_no_mode() -> None:
     graph = copying_model_graph(300, 6.0, seed=49).to_linkgraph()
     ranks = LiveRanks(graph, algorithms=("wpr",))
     assert ranks.engines["wpr"].mode is None
+
+
+def test_a_shift_that_raised_the_residual_is_still_moved_into_y(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The L2-best shift can raise ||r||_1; deflation then stops, but the sweep already
+    # added the shift to r, so y must still take it (found by review: the lost shift
+    # left r the residual of another vector, and a "fresh" bound 4e8x too small).
+    ranks, engine = deflating_ranks(53)
+    mode = engine.mode
+    assert mode is not None
+    rng = np.random.default_rng(54)
+    ranks.apply(random_edit_batch(ranks.graph, 3000, rng))
+    assert mode.available
+    calls = []
+
+    def overshoot(along: float) -> float:
+        calls.append(along)
+        return 1e4 if len(calls) == 1 else 0.0
+
+    monkeypatch.setattr(mode, "shift_for", overshoot)
+    report = ranks.apply(random_edit_batch(ranks.graph, 3000, rng))["pagerank"]
+    assert calls and report.fresh
+    assert engine.recompute_residual() <= 1e-10
+    error = ranks.scores("pagerank") - exact(ranks)
+    assert np.abs(error).sum() <= report.bound + 1e-9
+
+
+@pytest.mark.parametrize("damping", [0.95, 0.99])
+def test_over_relaxation_never_passes_on_more_than_a_pages_residual(damping: float) -> None:
+    # Without a mode (mode=None here), slow sweeps over-relax; at d * omega > 1 a sweep
+    # along a ring (i -> i+1, i+2, i+4) grew ||r||_1 to 1e44 within one sweep.
+    n = 3000
+    src = np.repeat(np.arange(n), 3).astype(np.int32)
+    dst = ((src + np.tile([1, 2, 4], n)) % n).astype(np.int32)
+    graph = LinkGraph.from_id_edges(src, dst, [f"https://ring.test/{i}" for i in range(n)])
+    ranks = LiveRanks(graph, algorithms=("pagerank",), tolerance=1e-9, damping=damping,
+                      local_work=0.0, max_iter=3000)
+    ranks.cold_start()
+    engine = ranks.engines["pagerank"]
+    engine.mode = None
+    engine._relax = True
+    engine._global_runs = 1
+    report = ranks.apply(random_edit_batch(graph, 200, np.random.default_rng(0)))["pagerank"]
+    assert report.fresh
+    assert engine.recompute_residual() <= 1e-10
+    assert np.abs(ranks.scores("pagerank") - exact(ranks)).sum() <= report.bound + 1e-9

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ranker.bounds import MIN_TOLERANCE
 from ranker.edge_batches import EdgeBatch
 from ranker.incremental import LiveRanks
 from ranker.linkgraph import LinkGraph
@@ -329,6 +330,11 @@ def test_bad_arguments_are_input_errors() -> None:
         LiveRanks(damping=1.0)
     with pytest.raises(InputError):
         LiveRanks(tolerance=0.0)
+    # Below the float64 floor of the residual a "bound" would be rounding noise.
+    with pytest.raises(InputError, match="float64 rounding"):
+        LiveRanks(tolerance=MIN_TOLERANCE / 10)
+    with pytest.raises(InputError, match="float64 rounding"):
+        LiveRanks().refresh(tolerance=MIN_TOLERANCE / 10)
     with pytest.raises(InputError):
         LiveRanks(publish_threshold=float("nan"))  # would never publish anything
     ranks = LiveRanks(algorithms=("pagerank",))

@@ -119,6 +119,7 @@ def test_demo_events_replay_verifies(capsys: pytest.CaptureFixture[str]) -> None
         (["rank", "--edges", "{good}", "--batch-size", "x"], "invalid int value"),
         (["rank", "--events", "{badevents}"], "badevents.jsonl:2"),
         (["rank", "--edges", "{good}", "--top", "0"], "--top must be at least 1"),
+        (["rank", "--edges", "{good}", "--tolerance", "1e-16"], "float64 rounding"),
         (["rank", "--edges", "{good}", "--top", "-1"], "--top must be at least 1"),
         # Decoded line by line: a chunked decoder would name a line ~1000 too early.
         (["rank", "--edges", "{late}"], "late.tsv:3001: not UTF-8"),
@@ -196,3 +197,11 @@ def test_unconverged_scores_are_an_error_not_output(
     assert captured.out == ""
     assert "did not reach --tolerance 1e-12 within 2 sweeps" in captured.err
     assert len(captured.err.strip().splitlines()) == 1
+
+
+def test_the_settings_floor_of_the_tolerance_is_the_engines() -> None:
+    from ranker.bounds import MIN_TOLERANCE
+    from rankstream.settings import Settings
+
+    floor = [m.ge for m in Settings.model_fields["tolerance"].metadata if hasattr(m, "ge")]
+    assert floor == [MIN_TOLERANCE]
