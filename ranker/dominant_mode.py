@@ -14,11 +14,14 @@ current graph: every column update the engine makes to ``r`` it mirrors on ``w``
 (:meth:`shift_columns`, about the same cost), the drift guard recomputes both.
 Then ``y += a*v`` changes the residual by exactly ``a*w``, for any ``a`` and however
 stale ``v`` is as an eigenvector: the residual, and so the certified bound, stays
-exact. A stale ``v`` only removes less. :meth:`deflate` picks the ``a`` minimising
-``||r + a*w||_2`` and keeps it only if ``||r||_1`` shrinks. On that graph, sweeps
-with one deflation each restore the same accuracy in 9-10 full sweeps instead of
-19 (plain) or 14 (over-relaxed at 1.15; both together gain nothing, as over-
-relaxation changes the slow mode).
+exact. A stale ``v`` only removes less. After each sweep that pushed at least
+``SPREAD_SHARE`` of the pages, :meth:`DominantMode.shift_for` picks the ``a``
+minimising ``||r + a*w||_2``; the next sweep adds ``a*w`` to ``r`` as it goes, and
+``y`` takes the sum of the shifts when the refresh is over (:class:`Deflation`).
+On that graph, sweeps with one deflation each restore the same accuracy in 9-10
+full sweeps instead of 19 (plain) or 14 (over-relaxed at 1.15; both together gain
+nothing, as over-relaxation changes the slow mode), and the engine's own 1k-batch
+refresh takes 600 ms instead of 789 (docs/benchmarks.md, session 13).
 
 ``v`` is computed by power iteration from the current ``y`` (which already leans
 towards it) when first wanted, and again once the links changed since then reach
