@@ -68,10 +68,12 @@ def shift_columns(cols, sign, damping, v, w, out_start, out_len, out_nbr):
 
 @njit(cache=True)
 def _move_into(num_nodes, amount, v, y, touched, qstate, is_touched):
+    count = qstate[K.T_COUNT]
     for m in range(num_nodes):
         if v[m] != 0.0:
             y[m] += amount * v[m]
-            _touch(m, touched, qstate, is_touched)
+            count = _touch(m, touched, count, is_touched)
+    qstate[K.T_COUNT] = count
 
 
 class DominantMode:

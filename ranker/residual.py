@@ -422,7 +422,7 @@ class ResidualEngine:
                                              self.qstate, self.inq, self.touched, self.is_touched)
                 pushes += p
                 work += w
-                l1, peak = K.abs_stats(self.r, n)
+                l1, peak, _, *sums = K.stats_along(self.r, n, self.r[:0], self.y)
                 if self.qstate[K.Q_SIZE] > 0:  # out of budget: the change is not local
                     mode = "global"
                     K.clear_queue(self.queue, self.qstate, self.inq)
@@ -437,7 +437,7 @@ class ResidualEngine:
                     if capped:
                         pass_eps = PRIORITY_START * before / live_count
                 threshold = max(eps, pass_eps) if capped else eps
-                p, w, l1, peak, along = K.sweep(
+                p, w, l1, peak, along, *sums = K.sweep(
                     self.kind, d, threshold, omega, n, self.y, self.r, *self._arrays(),
                     self.touched, self.qstate, self.is_touched, global_budget - global_work,
                     deflation.shift, deflation.w)
@@ -454,7 +454,7 @@ class ResidualEngine:
                 work += w
                 sweeps += 1
             self.l1 = l1
-            total, y_max = deflation.bounds(*K.sum_max(self.y, n))
+            total, y_max = deflation.bounds(*sums)
             target, eps = self._thresholds(total, y_max, live_count, tol)
             if l1 <= target and max_abs_bound(peak, y_max, d) <= self._max_error():
                 break

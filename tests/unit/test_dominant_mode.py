@@ -103,7 +103,7 @@ def test_a_deflating_sweep_keeps_the_residual_exact(max_work: int) -> None:
     deflation = Deflation(mode, n)
     deflation.shift = mode.shift_for(along)
     assert deflation.shift != 0.0
-    _, _, _, _, along = K.sweep(engine.kind, engine.damping, 1e-3, 1.0, n, engine.y, engine.r,
+    _, _, _, _, along, _, _ = K.sweep(engine.kind, engine.damping, 1e-3, 1.0, n, engine.y, engine.r,
                                 *engine._arrays(), engine.touched, engine.qstate,
                                 engine.is_touched, max_work, deflation.shift, deflation.w)
     assert along == pytest.approx(float(np.dot(engine.r[:n], mode.w[:n])), rel=1e-9)
