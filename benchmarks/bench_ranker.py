@@ -186,7 +186,6 @@ def time_one_sweep(ranks: LiveRanks, algorithm: str) -> float:
     """
     engine = ranks.engines[algorithm]
     n = ranks.graph.num_ids
-    g = ranks.graph
     best = np.inf
     for _ in range(2):
         y, r = engine.y.copy(), engine.r.copy()
@@ -195,9 +194,8 @@ def time_one_sweep(ranks: LiveRanks, algorithm: str) -> float:
         is_touched = np.zeros_like(engine.is_touched)
         qstate = np.zeros_like(engine.qstate)
         started = time.perf_counter()
-        K.sweep(engine.kind, DAMPING, 0.0, 1.0, n, y, r, g.out_start, g.out_len, g.out_nbr,
-                g.in_len, engine.si, engine.so, touched, qstate, is_touched, 2**62, 0.0,
-                NO_MODE)
+        K.sweep(engine.kind, DAMPING, 0.0, 1.0, n, y, r, *engine._arrays(), touched, qstate,
+                is_touched, 2**62, 0.0, NO_MODE)
         best = min(best, time.perf_counter() - started)
     return best
 

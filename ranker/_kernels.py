@@ -85,6 +85,30 @@ def _edge_factor(mode, n, in_len, out_len):
     return float(in_len[n])
 
 
+@njit(cache=True, inline="always")
+def _signed_edge_factor(mode, n, factor):
+    """:func:`_edge_factor` from ``factor[n]`` as :func:`set_factors` keeps it: one
+    random read per link instead of two in the push kernels (a dense WPR sweep on 1M
+    pages: 88-90 -> 72-75 ms). PageRank's mode 0 never reads ``factor``."""
+    if mode == 0:
+        return 1.0
+    if mode == 1:
+        return max(factor[n], 0.0)
+    return max(-factor[n], 0.0)
+
+
+@njit(cache=True)
+def set_factors(pages, in_len, out_len, factor):
+    """WPR's per-target factor, signed: ``I * O`` for a page with out-links, ``-I``
+    for one without. A mode-1 column (``so > 0``) weighs a target by ``I * O``, 0 when
+    it has no out-links; a mode-2 column (``so == 0``) links only to pages without
+    out-links and weighs them by ``I``. So ``max(f, 0)`` and ``max(-f, 0)`` give both."""
+    for k in range(pages.size):
+        m = pages[k]
+        deg = float(out_len[m])
+        factor[m] = float(in_len[m]) * deg if deg > 0.0 else -float(in_len[m])
+
+
 # The helpers that record a page (``_enqueue``, ``_touch``) take the ring's size or
 # the touched count as a scalar and return the new one; the kernel stores it back in
 # ``qstate``. Written as helpers that update ``qstate`` themselves (or return
@@ -102,7 +126,7 @@ def _enqueue(v, queue, head, size, inq):
 
 
 @njit(cache=True)
-def add_columns(kind, cols, sign, damping, y, r, out_start, out_len, out_nbr, in_len, si, so,
+def add_columns(kind, cols, sign, damping, y, r, out_start, out_len, out_nbr, factor, si, so,
                 queue, qstate, inq):
     """``r += sign * d * M[:, cols] @ y[cols]``; enqueue every entry it touches.
 
@@ -125,7 +149,7 @@ def add_columns(kind, cols, sign, damping, y, r, out_start, out_len, out_nbr, in
         for i in range(deg):
             n = out_nbr[base + i]
             old = r[n]
-            r[n] = old + c * _edge_factor(mode, n, in_len, out_len)
+            r[n] = old + c * _signed_edge_factor(mode, n, factor)
             dl1 += abs(r[n]) - abs(old)
             size = _enqueue(n, queue, head, size, inq)
         work += deg
@@ -273,7 +297,7 @@ def touch_pages(pages, touched, qstate, is_touched):
 
 @njit(cache=True)
 def push_queue(kind, damping, eps, max_work, stop_l1, l1, y, r, out_start, out_len, out_nbr,
-               in_len, si, so, queue, qstate, inq, touched, is_touched):
+               factor, si, so, queue, qstate, inq, touched, is_touched):
     """FIFO frontier push of queued pages with ``|r[m]| > eps``.
 
     A push at m moves ``r[m]`` into ``y[m]`` and ``d * M[n, m] * r[m]`` into each
@@ -310,7 +334,7 @@ def push_queue(kind, damping, eps, max_work, stop_l1, l1, y, r, out_start, out_l
         for i in range(deg):
             n = out_nbr[base + i]
             old = r[n]
-            rn = old + c * _edge_factor(mode, n, in_len, out_len)
+            rn = old + c * _signed_edge_factor(mode, n, factor)
             r[n] = rn
             l1 += abs(rn) - abs(old)
             if abs(rn) > eps and not inq[n]:
@@ -342,7 +366,7 @@ def clear_queue(queue, qstate, inq):
 
 
 @njit(cache=True)
-def sweep(kind, damping, eps, omega, num_nodes, y, r, out_start, out_len, out_nbr, in_len,
+def sweep(kind, damping, eps, omega, num_nodes, y, r, out_start, out_len, out_nbr, factor,
           si, so, touched, qstate, is_touched, max_work, shift, w):
     """One (over-relaxed) Gauss-Seidel sweep: every page with ``|r[m]| > eps``, in id
     order (sequential memory access), moves ``omega * r[m]`` into ``y[m]`` (and
@@ -384,7 +408,7 @@ def sweep(kind, damping, eps, omega, num_nodes, y, r, out_start, out_len, out_nb
         work += deg
         for i in range(deg):
             n = out_nbr[base + i]
-            r[n] += c * _edge_factor(mode, n, in_len, out_len)
+            r[n] += c * _signed_edge_factor(mode, n, factor)
     qstate[T_COUNT] = count
     total, peak, along, y_sum, y_max = stats_along(r, num_nodes, w, y)
     return pushes, work, total, peak, along, y_sum, y_max

@@ -111,19 +111,16 @@ class ResidualEngine:
         self.last_rate = 0.0
         self.global_from = np.inf  # column-update work from which refreshes go global
         self._cap = 0
-        self.y = np.zeros(0)
-        self.r = np.zeros(0)
-        self.published = np.zeros(0)
-        self.si, self.so = np.zeros(0), np.zeros(0)  # WPR's SI and SO
+        self.y, self.r, self.published = np.zeros(0), np.zeros(0), np.zeros(0)
+        # WPR's SI, SO and signed per-target factors (K.set_factors).
+        self.si, self.so, self.factor = np.zeros(0), np.zeros(0), np.zeros(0)
         self.base = np.zeros(0)  # b: 1 - d on live pages, 0 elsewhere
         self.inq = np.zeros(0, dtype=np.bool_)
         self.is_touched = np.zeros(0, dtype=np.bool_)
         self.is_marked = np.zeros(0, dtype=np.bool_)  # scratch of columns()
         # WPR batch scratch from retract to absorb: changed sources, degrees before.
-        self.is_source = np.zeros(0, dtype=np.bool_)
-        self.has_prev = np.zeros(0, dtype=np.bool_)
-        self.prev_in = np.zeros(0, dtype=np.int32)
-        self.prev_out = np.zeros(0, dtype=np.int32)
+        self.is_source, self.has_prev = np.zeros(0, dtype=np.bool_), np.zeros(0, dtype=np.bool_)
+        self.prev_in, self.prev_out = np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32)
         self._plan: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.touched = np.zeros(0, dtype=np.int32)
         self.queue = np.zeros(16, dtype=np.int32)
@@ -133,7 +130,7 @@ class ResidualEngine:
         self.rescan = False  # queue every page above the threshold at the next refresh
         # r awaits a recomputation at the next refresh: column updates meanwhile are skipped.
         self.stale = False
-        # WPR's SI and SO match the graph: every batch, stale or not, keeps them (_keep_sums).
+        # WPR's SI, SO and factors match the graph: every batch, stale or not, keeps them.
         self.sums_exact = False
         self.eps_scale = 1.0  # push threshold in units of its floor (adapted per refresh)
         self.total = self.y_max = self.bound = 0.0
@@ -146,8 +143,9 @@ class ResidualEngine:
         if num_ids <= self._cap:
             return
         cap = max(num_ids, self._cap + (self._cap >> 1), 16)
+        wpr_only = ("factor",) if self.kind == K.KIND_WPR else ()
         for name in ("y", "r", "published", "si", "so", "base", "inq", "is_touched", "touched",
-                     "is_marked", "is_source", "has_prev", "prev_in", "prev_out"):
+                     "is_marked", "is_source", "has_prev", "prev_in", "prev_out", *wpr_only):
             old = getattr(self, name)
             new = np.zeros(cap, dtype=old.dtype)
             new[: old.size] = old
@@ -168,7 +166,7 @@ class ResidualEngine:
     def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                np.ndarray]:
         g = self.graph
-        return (g.out_start, g.out_len, g.out_nbr, g.in_len, self.si, self.so)
+        return (g.out_start, g.out_len, g.out_nbr, self.factor, self.si, self.so)
 
     # ---------------------------------------------------------------- graph changes
     def columns(self, sources: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -251,6 +249,7 @@ class ResidualEngine:
             else:
                 K.update_sums(sources, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si,
                               self.so)
+                K.set_factors(changed, g.in_len, g.out_len, self.factor)
                 self._add_columns(sources, 1.0)
                 work, dl1 = K.wpr_reweigh_columns(
                     cols, self.is_source, changed, self.prev_in, self.prev_out,
@@ -262,14 +261,15 @@ class ResidualEngine:
                 self.is_source[sources] = False
                 self.has_prev[changed] = False
         else:
-            if self.kind == K.KIND_WPR:
+            if self.kind == K.KIND_WPR:  # without a plan: whose degrees changed is unknown
                 K.update_sums(cols, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si,
                               self.so)
+                K.set_factors(np.arange(g.num_ids), g.in_len, g.out_len, self.factor)
             self._add_columns(cols, 1.0)
         self._forget_removed(applied.removed_pages, live)
 
     def _keep_sums(self, plan: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
-        """Bring WPR's SI and SO up to date after a batch whose r is left stale.
+        """Bring WPR's SI, SO and factors up to date after a batch whose r is left stale.
 
         The changed sources are re-summed; every other page only shifts by the degree
         changes of the pages it links to (:func:`ranker._kernels.shift_sums`): on 1M
@@ -286,6 +286,7 @@ class ResidualEngine:
         K.update_sums(sources, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si, self.so)
         K.shift_sums(changed, self.is_source, self.prev_in, self.prev_out, g.in_start,
                      g.in_len, g.in_nbr, g.out_len, self.si, self.so)
+        K.set_factors(changed, g.in_len, g.out_len, self.factor)
         self.is_source[sources] = False
         self.has_prev[changed] = False
 
@@ -322,6 +323,7 @@ class ResidualEngine:
         self.base[:n] = np.where(live, 1.0 - self.damping, 0.0)
         if self.kind == K.KIND_WPR and not self.sums_exact:
             K.all_sums(n, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si, self.so)
+            K.set_factors(np.arange(n), g.in_len, g.out_len, self.factor)
             self.sums_exact = True
         self.l1, _ = K.full_residual_pull(self.kind, self.damping, n, live, self.y, self.r,
                                           g.in_start, g.in_len, g.in_nbr, g.out_len,

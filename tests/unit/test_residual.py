@@ -25,12 +25,15 @@ def exact(ranks: LiveRanks, algorithm: str) -> np.ndarray:
 
 
 def assert_sums_exact(ranks: LiveRanks) -> None:
-    """WPR's kept SI and SO equal a re-summation of the current graph."""
+    """WPR's kept SI, SO and signed factors equal a re-summation of the current graph."""
     graph, engine = ranks.graph, ranks.engines["wpr"]
     n = graph.num_ids
     si, so = np.zeros(n), np.zeros(n)
     K.all_sums(n, graph.out_start, graph.out_len, graph.out_nbr, graph.in_len, si, so)
     assert np.array_equal(si, engine.si[:n]) and np.array_equal(so, engine.so[:n])
+    in_len, out_len = graph.in_len[:n].astype(float), graph.out_len[:n].astype(float)
+    factor = np.where(out_len > 0, in_len * out_len, -in_len)
+    assert np.array_equal(factor, engine.factor[:n])
     assert not engine.is_source.any() and not engine.has_prev.any()
 
 
