@@ -337,10 +337,8 @@ def push_queue(kind, damping, eps, max_work, stop_l1, l1, y, r, out_start, out_l
             rn = old + c * _signed_edge_factor(mode, n, factor)
             r[n] = rn
             l1 += abs(rn) - abs(old)
-            if abs(rn) > eps and not inq[n]:
-                inq[n] = True
-                queue[(qstate[Q_HEAD] + qstate[Q_SIZE]) & mask] = n
-                qstate[Q_SIZE] += 1
+            if abs(rn) > eps:
+                qstate[Q_SIZE] = _enqueue(n, queue, qstate[Q_HEAD], qstate[Q_SIZE], inq)
     qstate[T_COUNT] = count
     return pushes, work, l1
 
