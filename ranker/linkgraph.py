@@ -45,6 +45,8 @@ Adjacency = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
 COMPACT_BYTES_PER_LINK = 38
 ROW_SPARE_SHIFT = 3
 COMPACT_MIN_LINKS = 4096
+# A batch with fewer link ends than 1/SORT_BELOW_SHARE of the ids groups them by sorting.
+SORT_BELOW_SHARE = 16
 
 
 def _grown(pool: np.ndarray, size: int, used: int) -> np.ndarray:
@@ -220,7 +222,15 @@ class LinkGraph:
             ids = getattr(batch, name)
             if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
                 raise InputError(f"{name} holds an id outside 0..{n - 1}", where="EdgeBatch")
-        was_live = self._live[:n].copy()
+        # Only pages a batch inserts links at, and those interned or revived since the
+        # last apply (_pending_live), can be new: looking at them alone saves two passes
+        # over every id per batch (1M ids: ~4 ms).
+        pending = np.asarray(self._pending_live, dtype=np.int32)
+        self._pending_live = []
+        pending = pending[pending < n]
+        candidates = sorted_unique(np.concatenate([batch.insert_src, batch.insert_dst, pending]))
+        was_live = self._live[candidates]
+        was_live[np.isin(candidates, pending)] = False  # new to readers
 
         removed = sorted_unique(batch.removed_pages)
         removed = removed[self._live[removed]]
@@ -249,13 +259,9 @@ class LinkGraph:
                 ins_src, ins_dst = ins_src[~back], ins_dst[~back]
                 del_src, del_dst = del_src[gone], del_dst[gone]
 
-        pending = np.asarray(self._pending_live, dtype=np.int32)
-        self._pending_live = []
-        pending = pending[pending < n]
-        was_live[pending] = False  # interned/revived since the last apply: new to readers
-        now_live = self._live[:n]
-        was_live[removed] = False  # removed, then revived by an insertion of this batch
-        new_pages = np.flatnonzero(now_live & ~was_live).astype(np.int32)
+        # Removed, then revived by an insertion of this batch: new to readers too.
+        was_live[np.isin(candidates, removed)] = False
+        new_pages = candidates[self._live[candidates] & ~was_live].astype(np.int32)
         if self._garbage > max(self._out_used + self._in_used, 1 << 16) // 2 or (
                 self.num_links >= COMPACT_MIN_LINKS
                 and self.memory_bytes() > COMPACT_BYTES_PER_LINK * self.num_links):
@@ -295,10 +301,17 @@ class LinkGraph:
     def _rows_to_grow(self, direction: str, ends: np.ndarray
                       ) -> tuple[np.ndarray, np.ndarray, int]:
         """(rows too small for their new links, their new capacities, capacity freed)."""
-        # bincount, not np.unique: no sort (ids are dense and < num_ids)
-        counts = np.bincount(ends, minlength=0)
-        rows = np.flatnonzero(counts)
-        counts = counts[rows]
+        if ends.size * SORT_BELOW_SHARE < self.num_ids:
+            # A small batch: sorting its ends beats a pass over every id (1M ids, 1k
+            # links: 0.1 against 3 ms per direction).
+            ordered = np.sort(ends)
+            starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+            rows = ordered[starts]
+            counts = np.diff(np.r_[starts, ordered.size])
+        else:  # bincount, not np.unique: no sort (ids are dense and < num_ids)
+            counts = np.bincount(ends, minlength=0)
+            rows = np.flatnonzero(counts)
+            counts = counts[rows]
         length = getattr(self, f"{direction}_len")[rows]
         cap = getattr(self, f"{direction}_cap")[rows]
         grow = length + counts > cap

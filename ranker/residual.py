@@ -65,12 +65,9 @@ PROBE_EVERY = 64
 # a batch) cannot reach the tolerance on a large graph anyway, so its passes go
 # largest residuals first: the first visits only pages holding more than
 # PRIORITY_START times the mean |r|, and the threshold drops by PRIORITY_STEP each
-# time a pass finds less than PRIORITY_THIN of the links above it. Measured on the
-# 1.4M-page copying-model graph, 2,500 new pages (25k links) per batch, both
-# algorithms refreshed after each of 16 batches: one plain sweep each left PageRank
-# at a relative bound of 1.1e-3 and WPR at 9.5e-4; one sweep's worth of prioritized
-# passes left 7.7e-4 and 8e-7 (1.15 s per batch), half a sweep's worth 2.3e-3 and
-# 2.6e-5 (0.69 s), a quarter 5.3-6.5e-3 and 1.5e-4 (0.55 s; docs/benchmarks.md).
+# time a pass finds less than PRIORITY_THIN of the links above it. On a growing
+# 1.4M-page graph one sweep's worth of such passes left WPR 1,000x closer than one
+# plain sweep, PageRank 1.4x (docs/benchmarks.md, "prioritized").
 PRIORITY_START = 16.0
 PRIORITY_STEP = 4.0
 PRIORITY_THIN = 0.02
@@ -78,10 +75,8 @@ PRIORITY_THIN = 0.02
 # absorbed by recomputing r from scratch instead (SI and SO are kept exact by
 # shift_sums either way): the column-by-column re-weigh costs ~70-86 ns per link
 # visit (random reads of old and new degrees, queue marks), the full pull ~5 ns per
-# link of the graph. Measured on the 1M-page cyclic graph, 1k-link batches (17-24%
-# of the links re-weighed), median of 3: 297 ms per batch at 0.25, 213 at 0.10, 206
-# at 0.05; with one kernel thread 310 ms at 0.25, 228 at 0.10; 100- and 10k-link
-# batches unchanged (they stay below, and above, either threshold).
+# link of the graph. 1M-page cyclic graph, 1k-link batches (17-24% re-weighed):
+# 297 ms per batch at 0.25, 213 at 0.10, 206 at 0.05 (one kernel thread: 310, 228).
 FULL_RESIDUAL_SHARE = 0.08
 
 
@@ -315,10 +310,16 @@ class ResidualEngine:
     # ---------------------------------------------------------------- exact state
     def recompute_residual(self) -> float:
         """``r = b + d*M*y - y`` from scratch (drift guard); returns the largest change."""
-        g = self.graph
-        n = g.num_ids
+        n = self.graph.num_ids
         self._ensure(n)
         before = self.r[:n].copy()
+        self._recompute()
+        return float(np.abs(self.r[:n] - before).max()) if n else 0.0
+
+    def _recompute(self) -> None:
+        """:meth:`recompute_residual` without measuring the change (1M pages: 4 ms less)."""
+        g, n = self.graph, self.graph.num_ids
+        self._ensure(n)
         live = g.live_mask()[:n]  # the consumer may intern more ids meanwhile
         self.base[:n] = np.where(live, 1.0 - self.damping, 0.0)
         if self.kind == K.KIND_WPR and not self.sums_exact:
@@ -333,7 +334,6 @@ class ResidualEngine:
         K.clear_queue(self.queue, self.qstate, self.inq)
         self.rescan = True
         self.stale = False
-        return float(np.abs(self.r[:n] - before).max()) if n else 0.0
 
     def load(self, y: np.ndarray) -> None:
         """Take ``y`` as the current estimate (dead pages zeroed), residual recomputed."""
@@ -344,7 +344,7 @@ class ResidualEngine:
         self.y[:n][~self.graph.live_mask()] = 0.0
         self.published[:] = 0.0
         self.sums_exact = False
-        self.recompute_residual()
+        self._recompute()
         self.is_touched[:n] = True
         self.touched[:n] = np.arange(n, dtype=np.int32)
         self.qstate[K.T_COUNT] = n
@@ -376,7 +376,7 @@ class ResidualEngine:
         n = g.num_ids
         self._ensure(n)
         if self.stale:
-            self.recompute_residual()
+            self._recompute()
         d = self.damping
         work = self.pending_work
         self.pending_work = 0

@@ -202,6 +202,26 @@ def test_rows_grow_past_capacity_and_compact_reclaims_garbage() -> None:
     assert graph.num_links == 4500
 
 
+@pytest.mark.parametrize("sort_below", [0, 10**9])
+def test_small_and_large_batches_group_their_rows_alike(sort_below: int,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # Rows that must grow are found by sorting a small batch's ends, by counting over
+    # every id for a large one; forcing either path gives the same graph.
+    import ranker.linkgraph as linkgraph
+
+    monkeypatch.setattr(linkgraph, "SORT_BELOW_SHARE", sort_below)
+    rng = np.random.default_rng(4)
+    graph = LinkGraph.from_id_edges(rng.integers(0, 400, 2000), rng.integers(0, 400, 2000),
+                                    [str(i) for i in range(400)])
+    model = set(as_pairs(*graph.edges()))
+    for _ in range(5):
+        src, dst = rng.integers(0, 400, 300), rng.integers(0, 40, 300)  # hub rows grow
+        graph.apply(EdgeBatch(insert_src=src.astype(np.int32), insert_dst=dst.astype(np.int32)))
+        model |= {(s, d) for s, d in zip(src.tolist(), dst.tolist(), strict=True) if s != d}
+        graph.check_integrity()
+    assert set(as_pairs(*graph.edges())) == model
+
+
 def test_memory_per_link_of_bulk_loaded_graph() -> None:
     rng = np.random.default_rng(0)
     src = rng.integers(0, 5000, 50_000)
