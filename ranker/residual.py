@@ -17,11 +17,11 @@ warm-started Gauss-Seidel sweeps over all pages (``mode="global"``), which touch
 memory in order and cost one link visit per link per sweep. A change of about the
 size of one that went global before goes global at once (``global_from``), so the
 push budget is not burnt on every large batch; the bar rises slowly so that the
-push is re-tried now and then. Only where plain sweeps were measured to converge
-slowly are they accelerated: PageRank's by removing their dominant mode after each
-sweep (:mod:`ranker.dominant_mode`), WPR's, or PageRank's on a graph without such a
-mode, by over-relaxation (``SWEEP_OMEGA``). Either stops as soon as ``||r||_1``
-grows, and plain sweeps never raise it, so they always converge.
+push is re-tried now and then. PageRank's uncapped sweeps remove their dominant
+mode after each sweep wherever the graph has one (:mod:`ranker.dominant_mode`);
+WPR's, or PageRank's on a graph without such a mode, are over-relaxed
+(``SWEEP_OMEGA``) where plain ones were measured to converge slowly. Either stops as
+soon as ``||r||_1`` grows, and plain sweeps never raise it, so they always converge.
 
 WPR batches touch many columns (``{u} + B(u) + B(v)``, and B of a hub is huge), but
 only the changed sources get new out-rows: the other columns keep their targets
@@ -49,16 +49,14 @@ from ranker.results import RefreshReport
 
 ALGORITHM_KINDS = {"pagerank": K.KIND_PAGERANK, "wpr": K.KIND_WPR}
 # Over-relaxation of slow global sweeps where there is no dominant mode to remove
-# (measured on the 1M-page cyclic copying-model graph, 1k-link batches: PageRank
-# needed 19 sweeps at 1.15 instead of 30 at 1.0; removing the mode instead needs
-# 9-10, and both together gain nothing; WPR needs more sweeps above 1.0). Any value
-# is safe: see ResidualEngine.refresh.
+# (1M-page cyclic graph, 1k-link batches: PageRank needed 19 sweeps at 1.15, 30 at
+# 1.0, 9-10 removing the mode, no fewer with both; WPR needs more above 1.0). Any
+# value is safe: see ResidualEngine.refresh.
 SWEEP_OMEGA = {"pagerank": 1.15, "wpr": 1.0}
 # Plain sweeps that shrink ||r||_1 by less than this factor each (the geometric mean
-# over a refresh) mean slow, eigenvalue-bound convergence through cycles (measured
-# 0.63-0.68 on the 1M-page cyclic copying-model graph): there accelerating pays.
-# Where changes die out along paths (the DAG model: 0.31-0.47) it only adds
-# overshoot to clean up (measured up to 2.5x slower).
+# over a refresh) mean slow, eigenvalue-bound convergence through cycles (0.63-0.68
+# on the 1M-page cyclic graph): there over-relaxing pays. Where changes die out along
+# paths (the DAG model: 0.31-0.47) it only adds overshoot (up to 2.5x slower).
 SLOW_SWEEP = 0.55
 PROBE_EVERY = 64
 # A refresh with a work cap (``refresh(max_sweeps=...)``, the consumer's refresh after
@@ -100,7 +98,7 @@ class ResidualEngine:
         self.local_work = local_work
         self.max_sweeps = max_sweeps
         self.omega = SWEEP_OMEGA[algorithm] if omega is None else float(omega)
-        self._relax = False  # accelerate sweeps (decided by measuring plain ones)
+        self._relax = False  # over-relax sweeps (decided by measuring plain ones)
         self.mode = DominantMode(graph, damping) if self.kind == K.KIND_PAGERANK else None
         self._global_runs = 0
         self.last_rate = 0.0
@@ -409,11 +407,11 @@ class ResidualEngine:
                             self.queue, self.qstate, self.inq)
         self.rescan = False
         lowered = False
-        # Accelerate only slow sweeps (SLOW_SWEEP); every PROBE_EVERY-th one re-measures.
+        # Over-relax only slow sweeps (SLOW_SWEEP); every PROBE_EVERY-th one re-measures.
         probe = not capped and self.omega != 1.0 and self._global_runs % PROBE_EVERY == 0
-        accelerate = self._relax and not probe and not capped
         # d * omega > 1 grows r geometrically along swept paths (d = 0.95, 1.15: 1e44).
-        omega = max(1.0, min(self.omega, 0.98 / d)) if accelerate else 1.0
+        omega = (max(1.0, min(self.omega, 0.98 / d)) if self._relax and not probe
+                 and not capped else 1.0)
         deflation = Deflation(None, n)  # PageRank's instead of omega (ranker.dominant_mode)
         global_start = 0.0
         while True:
@@ -433,7 +431,9 @@ class ResidualEngine:
                 before = self.l1
                 if sweeps == 0:
                     global_start = before
-                    if accelerate and self.mode is not None:
+                    # Always, not after slow sweeps were measured: a batch that hardly
+                    # excited the mode measured fast, and 63 refreshes took 30 sweeps.
+                    if not capped and self.mode is not None:
                         deflation = self.mode.deflation(self.y)
                         omega = 1.0 if deflation.active else omega
                     if capped:

@@ -59,6 +59,21 @@ def test_deflating_refreshes_keep_the_certified_bounds() -> None:
         assert engine.recompute_residual() <= 1e-10
 
 
+def test_refreshes_deflate_even_after_plain_sweeps_were_measured_fast() -> None:
+    # One batch that hardly excites the mode measures fast plain sweeps; deflation
+    # used to hang on that measurement, leaving the next 63 refreshes at 30 sweeps.
+    ranks, engine = deflating_ranks(44)
+    engine._relax = False
+    # A capped refresh (the consumer's, after a batch) has no use for the mode.
+    engine.mode = dominant_mode.DominantMode(ranks.graph, ranks.damping)
+    engine.mode.grow(engine.y.size)
+    ranks.apply(random_edit_batch(ranks.graph, 3000, np.random.default_rng(4)), max_sweeps=1.0)
+    assert not engine.mode.available
+    report = ranks.apply(random_edit_batch(ranks.graph, 3000, np.random.default_rng(5)))
+    assert report["pagerank"].mode == "global" and report["pagerank"].fresh
+    assert engine.mode.available  # computed for, and used by, that refresh
+
+
 def test_the_modes_image_stays_exact_through_edits_removals_and_new_pages() -> None:
     ranks, engine = deflating_ranks(43)
     rng = np.random.default_rng(44)
@@ -136,7 +151,16 @@ def test_a_dag_has_no_mode_and_falls_back_to_over_relaxation() -> None:
     ranks.cold_start()
     engine = ranks.engines["pagerank"]
     assert engine.mode is not None
-    assert not engine.mode.deflation(engine.y).active  # M is nilpotent: no mode
+    pulls: list[int] = []
+    pull = engine.mode._pull
+
+    def counted(x: np.ndarray, out: np.ndarray) -> None:
+        pulls.append(1)
+        pull(x, out)
+
+    engine.mode._pull = counted  # type: ignore[method-assign]
+    assert not engine.mode.compute(engine.y)  # M is nilpotent: no mode...
+    assert len(pulls) < dominant_mode.POWER_STEPS  # ...seen as it dies out, not after 40 pulls
     assert not engine.mode.available
     # Not retried on every refresh: only once the graph has changed enough.
     assert not engine.mode.wanted(graph.num_links)
