@@ -159,8 +159,8 @@ def add_columns(kind, cols, sign, damping, y, r, out_start, out_len, out_nbr, fa
 
 @njit(cache=True)
 def wpr_reweigh_columns(cols, is_source, changed, prev_in, prev_out, has_prev, damping, y, r,
-                        out_start, out_len, out_nbr, in_start, in_len, in_nbr, si, so, queue,
-                        qstate, inq):
+                        out_start, out_len, out_nbr, in_start, in_len, in_nbr, factor, si, so,
+                        queue, qstate, inq):
     """WPR columns whose out-row did not change but whose weights did, in ONE pass.
 
     Call after the graph changed. ``cols`` are WPR's changed columns; those with
@@ -194,7 +194,7 @@ def wpr_reweigh_columns(cols, is_source, changed, prev_in, prev_out, has_prev, d
         deg = out_len[m]
         for i in range(deg):
             n = out_nbr[base + i]
-            new = c_new * _edge_factor(mode, n, in_len, out_len)
+            new = c_new * _signed_edge_factor(mode, n, factor)
             if has_prev[n]:
                 if mode_old == 1:
                     old = c_old * float(prev_in[n]) * float(prev_out[n])
@@ -202,8 +202,8 @@ def wpr_reweigh_columns(cols, is_source, changed, prev_in, prev_out, has_prev, d
                     old = c_old * float(prev_in[n])
                 else:
                     old = c_old
-            else:
-                old = c_old * _edge_factor(mode_old, n, in_len, out_len)
+            else:  # n's degrees, hence its factor, did not change
+                old = c_old * _signed_edge_factor(mode_old, n, factor)
             if new != old:
                 before = r[n]
                 r[n] = before + (new - old)

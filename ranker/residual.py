@@ -247,8 +247,8 @@ class ResidualEngine:
                 work, dl1 = K.wpr_reweigh_columns(
                     cols, self.is_source, changed, self.prev_in, self.prev_out,
                     self.has_prev, self.damping, self.y, self.r, g.out_start, g.out_len,
-                    g.out_nbr, g.in_start, g.in_len, g.in_nbr, self.si, self.so, self.queue,
-                    self.qstate, self.inq)
+                    g.out_nbr, g.in_start, g.in_len, g.in_nbr, self.factor, self.si, self.so,
+                    self.queue, self.qstate, self.inq)
                 self.pending_work += work
                 self.l1 += dl1
                 self.is_source[sources] = False
