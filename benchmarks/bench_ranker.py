@@ -194,7 +194,7 @@ def time_one_sweep(ranks: LiveRanks, algorithm: str) -> float:
         is_touched = np.zeros_like(engine.is_touched)
         qstate = np.zeros_like(engine.qstate)
         started = time.perf_counter()
-        K.sweep(engine.kind, DAMPING, 0.0, 1.0, n, y, r, *engine._arrays(), touched, qstate,
+        K.sweep(engine.kind, DAMPING, 0.0, 1.0, n, y, r, *engine.arrays(), touched, qstate,
                 is_touched, 2**62, 0.0, NO_MODE)
         best = min(best, time.perf_counter() - started)
     return best

@@ -5,8 +5,9 @@ algorithm. Each :meth:`LiveRanks.apply` works out, before touching the graph, wh
 links really change (no-op inserts and deletes are filtered out so they cost
 nothing), lets every engine retract the out-weight columns that are about to
 change, applies the batch, lets every engine add the new columns, and refreshes.
-The refresh cost follows the size of the change; see :mod:`ranker.residual` for
-the tolerance semantics, the certified bounds and the local/global switch.
+The refresh cost follows the size of the change; see :mod:`ranker.bounds` for the
+tolerance semantics and the certified bounds, :mod:`ranker.refresh` for the
+local/global switch.
 
 Every ``recompute_every`` batches the residual is recomputed from scratch, so
 floating-point drift of the incremental updates never accumulates.

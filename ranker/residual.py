@@ -10,18 +10,7 @@ full recomputation wipes out). :meth:`refresh` then pushes residual mass into ``
 Tolerance semantics (decided in :mod:`ranker.bounds`): ``tolerance`` is RELATIVE,
 ``||r||_1 / (1-d) <= tolerance * sum(y)``; ``max_error`` optionally bounds each page.
 
-Local or global: the refresh starts as a FIFO frontier push (work proportional to
-the change). If the push spends more than ``local_work`` link visits per link of
-the graph, the change is not local any more, and it switches by itself to
-warm-started Gauss-Seidel sweeps over all pages (``mode="global"``), which touch
-memory in order and cost one link visit per link per sweep. A change of about the
-size of one that went global before goes global at once (``global_from``), so the
-push budget is not burnt on every large batch; the bar rises slowly so that the
-push is re-tried now and then. PageRank's uncapped sweeps remove their dominant
-mode after each sweep wherever the graph has one (:mod:`ranker.dominant_mode`);
-WPR's, or PageRank's on a graph without such a mode, are over-relaxed
-(``SWEEP_OMEGA``) where plain ones were measured to converge slowly. Either stops as
-soon as ``||r||_1`` grows, and plain sweeps never raise it, so they always converge.
+The refresh itself, local push or global sweeps, is :class:`ranker.refresh.Refresh`.
 
 WPR batches touch many columns (``{u} + B(u) + B(v)``, and B of a hub is huge), but
 only the changed sources get new out-rows: the other columns keep their targets
@@ -35,40 +24,18 @@ less than re-weighing that many columns one by one.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from ranker import _graph_kernels as GK
 from ranker import _kernels as K
-from ranker.bounds import max_abs_bound, push_thresholds
-from ranker.dominant_mode import Deflation, DominantMode
+from ranker.bounds import push_thresholds
+from ranker.dominant_mode import DominantMode
 from ranker.edge_batches import AppliedBatch, sorted_unique
 from ranker.linkgraph import LinkGraph
+from ranker.refresh import SWEEP_OMEGA, Refresh
 from ranker.results import RefreshReport
 
 ALGORITHM_KINDS = {"pagerank": K.KIND_PAGERANK, "wpr": K.KIND_WPR}
-# Over-relaxation of slow global sweeps where there is no dominant mode to remove
-# (1M-page cyclic graph, 1k-link batches: PageRank needed 19 sweeps at 1.15, 30 at
-# 1.0, 9-10 removing the mode, no fewer with both; WPR needs more above 1.0). Any
-# value is safe: see ResidualEngine.refresh.
-SWEEP_OMEGA = {"pagerank": 1.15, "wpr": 1.0}
-# Plain sweeps that shrink ||r||_1 by less than this factor each (the geometric mean
-# over a refresh) mean slow, eigenvalue-bound convergence through cycles (0.63-0.68
-# on the 1M-page cyclic graph): there over-relaxing pays. Where changes die out along
-# paths (the DAG model: 0.31-0.47) it only adds overshoot (up to 2.5x slower).
-SLOW_SWEEP = 0.55
-PROBE_EVERY = 64
-# A refresh with a work cap (``refresh(max_sweeps=...)``, the consumer's refresh after
-# a batch) cannot reach the tolerance on a large graph anyway, so its passes go
-# largest residuals first: the first visits only pages holding more than
-# PRIORITY_START times the mean |r|, and the threshold drops by PRIORITY_STEP each
-# time a pass finds less than PRIORITY_THIN of the links above it. On a growing
-# 1.4M-page graph one sweep's worth of such passes left WPR 1,000x closer than one
-# plain sweep, PageRank 1.4x (docs/benchmarks.md, "prioritized").
-PRIORITY_START = 16.0
-PRIORITY_STEP = 4.0
-PRIORITY_THIN = 0.02
 # A WPR batch whose columns to re-weigh hold more than this share of all links is
 # absorbed by recomputing r from scratch instead (SI and SO are kept exact by
 # shift_sums either way): the column-by-column re-weigh costs ~70-86 ns per link
@@ -98,9 +65,9 @@ class ResidualEngine:
         self.local_work = local_work
         self.max_sweeps = max_sweeps
         self.omega = SWEEP_OMEGA[algorithm] if omega is None else float(omega)
-        self._relax = False  # over-relax sweeps (decided by measuring plain ones)
+        self.relax = False  # over-relax sweeps (decided by measuring plain ones)
         self.mode = DominantMode(graph, damping) if self.kind == K.KIND_PAGERANK else None
-        self._global_runs = 0
+        self.global_runs = 0
         self.last_rate = 0.0
         self.global_from = np.inf  # column-update work from which refreshes go global
         self._cap = 0
@@ -128,10 +95,10 @@ class ResidualEngine:
         self.eps_scale = 1.0  # push threshold in units of its floor (adapted per refresh)
         self.total = self.y_max = self.bound = 0.0
         # As many as the graph has room for, so both grow at the same batch.
-        self._ensure(graph.id_capacity)
+        self.ensure(graph.id_capacity)
 
     # ---------------------------------------------------------------- storage
-    def _ensure(self, num_ids: int) -> None:
+    def ensure(self, num_ids: int) -> None:
         """Grow every per-page array to hold ``num_ids`` (amortised 1.5x)."""
         if num_ids <= self._cap:
             return
@@ -156,7 +123,7 @@ class ResidualEngine:
             self.qstate[K.Q_HEAD] = 0
         self._cap = cap
 
-    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                np.ndarray]:
         g = self.graph
         return (g.out_start, g.out_len, g.out_nbr, self.factor, self.si, self.so)
@@ -171,7 +138,7 @@ class ResidualEngine:
         """
         g = self.graph
         # Pages interned since the last batch may have ids beyond our arrays.
-        self._ensure(g.num_ids)
+        self.ensure(g.num_ids)
         if self.kind == K.KIND_PAGERANK:
             return sources
         ends = np.concatenate([sources, targets]).astype(np.int32)
@@ -188,7 +155,7 @@ class ResidualEngine:
     def retract(self, cols: np.ndarray) -> None:
         """Subtract the current contribution of ``cols`` (before the graph changes)."""
         g = self.graph
-        self._ensure(g.num_ids)
+        self.ensure(g.num_ids)
         plan = self._plan
         if plan is None or plan[2] is not cols:
             self._plan = None
@@ -206,7 +173,7 @@ class ResidualEngine:
     def absorb(self, cols: np.ndarray, applied: AppliedBatch) -> None:
         """Add the new contribution of ``cols`` and the base changes (after the change)."""
         g = self.graph
-        self._ensure(g.num_ids)
+        self.ensure(g.num_ids)
         live = g.live_mask()
         if self.stale:
             plan, self._plan = self._plan, None
@@ -299,7 +266,7 @@ class ResidualEngine:
 
     def _add_columns(self, cols: np.ndarray, sign: float) -> None:
         work, dl1 = K.add_columns(self.kind, cols, sign, self.damping, self.y, self.r,
-                                  *self._arrays(), self.queue, self.qstate, self.inq)
+                                  *self.arrays(), self.queue, self.qstate, self.inq)
         self.pending_work += work
         self.l1 += dl1
         if self.mode is not None:
@@ -309,15 +276,15 @@ class ResidualEngine:
     def recompute_residual(self) -> float:
         """``r = b + d*M*y - y`` from scratch (drift guard); returns the largest change."""
         n = self.graph.num_ids
-        self._ensure(n)
+        self.ensure(n)
         before = self.r[:n].copy()
-        self._recompute()
+        self.recompute()
         return float(np.abs(self.r[:n] - before).max()) if n else 0.0
 
-    def _recompute(self) -> None:
+    def recompute(self) -> None:
         """:meth:`recompute_residual` without measuring the change (1M pages: 4 ms less)."""
         g, n = self.graph, self.graph.num_ids
-        self._ensure(n)
+        self.ensure(n)
         live = g.live_mask()[:n]  # the consumer may intern more ids meanwhile
         self.base[:n] = np.where(live, 1.0 - self.damping, 0.0)
         if self.kind == K.KIND_WPR and not self.sums_exact:
@@ -336,22 +303,24 @@ class ResidualEngine:
     def load(self, y: np.ndarray) -> None:
         """Take ``y`` as the current estimate (dead pages zeroed), residual recomputed."""
         n = self.graph.num_ids
-        self._ensure(n)
+        self.ensure(n)
         self.y[:] = 0.0
         self.y[:n] = y[:n]
         self.y[:n][~self.graph.live_mask()] = 0.0
         self.published[:] = 0.0
         self.sums_exact = False
-        self._recompute()
+        self.recompute()
         self.is_touched[:n] = True
         self.touched[:n] = np.arange(n, dtype=np.int32)
         self.qstate[K.T_COUNT] = n
 
     # ---------------------------------------------------------------- refresh
-    def _max_error(self) -> float:
+    @property
+    def error_cap(self) -> float:
+        """The certified per-page error a fresh refresh needs (``max_error`` or none)."""
         return np.inf if self.max_error is None else self.max_error
 
-    def _thresholds(self, total: float, y_max: float, live_count: int, tolerance: float
+    def thresholds(self, total: float, y_max: float, live_count: int, tolerance: float
                     ) -> tuple[float, float]:
         return push_thresholds(tolerance=tolerance, damping=self.damping, total=total,
                                y_max=y_max, live_count=live_count, eps_scale=self.eps_scale,
@@ -364,137 +333,8 @@ class ResidualEngine:
         ``tolerance`` overrides :attr:`tolerance` for this refresh (and the report's
         ``fresh`` refers to it). ``max_sweeps`` caps its global work at that many
         sweeps' worth of link visits (a float: 0.25 is a quarter of a sweep), spent
-        on prioritized passes, largest residuals first (see ``PRIORITY_START``); the
-        report is then honest about what was reached, and counts passes as sweeps.
+        on prioritized passes, largest residuals first (see
+        :data:`ranker.refresh.PRIORITY_START`); the report is then honest about what
+        was reached, and counts passes as sweeps.
         """
-        tol = self.tolerance if tolerance is None else float(tolerance)
-        capped = max_sweeps is not None
-        start = time.perf_counter()
-        g = self.graph
-        n = g.num_ids
-        self._ensure(n)
-        if self.stale:
-            self._recompute()
-        d = self.damping
-        work = self.pending_work
-        self.pending_work = 0
-        pushes = 0
-        sweeps = 0
-        live_count = max(g.num_live, 1)
-        # b alone gives sum(y) >= (1 - d) * live pages, a safe floor before y settles.
-        total = max(self.total, (1.0 - d) * live_count)
-        # y grows where links were added; the threshold is re-derived from the exact
-        # maximum after every pass, so an underestimate here only costs a pass.
-        y_max = self.y_max
-        # The floor keeps small graphs local; local_work = 0: sweeps for every change.
-        budget = int(self.local_work * max(g.num_links, 1)) + (10_000 if self.local_work else 0)
-        # A capped refresh's global passes may visit this many links in all.
-        global_budget = (2**62 if max_sweeps is None
-                         else int(max_sweeps * max(g.num_links, 1)) + 1)
-        global_work = 0
-        pass_eps = np.inf  # threshold of the next prioritized pass (capped refreshes)
-        change = work  # link visits of the column updates: how big this change is
-        if mode == "local" and change >= 0.5 * self.global_from:
-            # A change of about this size went global last time: the push would only
-            # burn its budget (about one sweep of link visits, at several times the
-            # cost per visit) before switching. Raising the bar slowly re-probes the
-            # local push every dozen or so such refreshes.
-            mode = "global"
-            K.clear_queue(self.queue, self.qstate, self.inq)
-            self.global_from *= 1.06
-        if self.rescan and mode == "local":  # global sweeps visit every page anyway
-            K.enqueue_above(n, self._thresholds(total, y_max, live_count, tol)[1], self.r,
-                            self.queue, self.qstate, self.inq)
-        self.rescan = False
-        lowered = False
-        # Over-relax only slow sweeps (SLOW_SWEEP); every PROBE_EVERY-th one re-measures.
-        probe = not capped and self.omega != 1.0 and self._global_runs % PROBE_EVERY == 0
-        # d * omega > 1 grows r geometrically along swept paths (d = 0.95, 1.15: 1e44).
-        omega = (max(1.0, min(self.omega, 0.98 / d)) if self._relax and not probe
-                 and not capped else 1.0)
-        deflation = Deflation(None, n)  # PageRank's instead of omega (ranker.dominant_mode)
-        global_start = 0.0
-        while True:
-            target, eps = self._thresholds(total, y_max, live_count, tol)
-            if mode == "local":
-                p, w, self.l1 = K.push_queue(self.kind, d, eps, budget - work, -1.0, self.l1,
-                                             self.y, self.r, *self._arrays(), self.queue,
-                                             self.qstate, self.inq, self.touched, self.is_touched)
-                pushes += p
-                work += w
-                l1, peak, _, *sums = K.stats_along(self.r, n, self.r[:0], self.y)
-                if self.qstate[K.Q_SIZE] > 0:  # out of budget: the change is not local
-                    mode = "global"
-                    K.clear_queue(self.queue, self.qstate, self.inq)
-                    self.global_from = min(self.global_from, max(change, 1))
-            else:
-                before = self.l1
-                if sweeps == 0:
-                    global_start = before
-                    # Always, not after slow sweeps were measured: a batch that hardly
-                    # excited the mode measured fast, and 63 refreshes took 30 sweeps.
-                    if not capped and self.mode is not None:
-                        deflation = self.mode.deflation(self.y)
-                        omega = 1.0 if deflation.active else omega
-                    if capped:
-                        pass_eps = PRIORITY_START * before / live_count
-                threshold = max(eps, pass_eps) if capped else eps
-                p, w, l1, peak, along, *sums = K.sweep(
-                    self.kind, d, threshold, omega, n, self.y, self.r, *self._arrays(),
-                    self.touched, self.qstate, self.is_touched, global_budget - global_work,
-                    deflation.shift, deflation.w)
-                global_work += w
-                if capped and w < PRIORITY_THIN * g.num_links:
-                    pass_eps = threshold / PRIORITY_STEP
-                deflation.swept(p, along, live_count)  # books the shift this sweep added
-                if l1 > before:
-                    # Over-relaxation is only guaranteed to converge for omega below
-                    # 2 / (1 + d); plain Gauss-Seidel never raises ||r||_1.
-                    omega = 1.0
-                    deflation.stop()
-                pushes += p
-                work += w
-                sweeps += 1
-            self.l1 = l1
-            total, y_max = deflation.bounds(*sums)
-            target, eps = self._thresholds(total, y_max, live_count, tol)
-            if l1 <= target and max_abs_bound(peak, y_max, d) <= self._max_error():
-                break
-            if mode == "global" and (sweeps >= self.max_sweeps or global_work >= global_budget):
-                break  # reported as not fresh
-            if peak <= eps and l1 > target:
-                # The dust below the threshold alone exceeds the target: go finer.
-                floor = target / live_count
-                finer = min(eps / 4.0, peak / 2.0)  # below the peak, so something moves
-                self.eps_scale = max(finer / floor, 1.0) if floor > 0 else 1.0
-                lowered = True
-                target, eps = self._thresholds(total, y_max, live_count, tol)
-            if mode == "local" and K.enqueue_above(n, eps, self.r, self.queue, self.qstate,
-                                                   self.inq) == 0:
-                break  # only rounding noise is left; reported as not fresh
-        if deflation.finish(self.y, self.touched, self.qstate, self.is_touched):
-            total, y_max = K.sum_max(self.y, n)
-        if sweeps and probe and sweeps >= 3 and global_start > 0.0:
-            self.last_rate = (max(l1, 1e-300) / global_start) ** (1.0 / sweeps)
-            self._relax = self.last_rate > SLOW_SWEEP
-            self._global_runs += 1
-        elif sweeps and not probe:
-            self._global_runs += 1
-        if not lowered and l1 < 0.25 * target:
-            self.eps_scale *= 2.0  # plenty of room: push less next time
-        live = g.live_mask()
-        moved = K.collect_moved(self.touched, self.qstate, self.is_touched, live, self.y,
-                                self.published, self.publish_threshold)
-        self.total = total
-        self.y_max = y_max
-        self.bound = l1 / (1.0 - d)
-        max_abs = min(max_abs_bound(peak, y_max, d), self.bound)
-        relative = self.bound / total if total > 0 else (0.0 if l1 == 0 else np.inf)
-        fresh = relative <= tol and max_abs <= self._max_error()
-        return RefreshReport(
-            algorithm=self.algorithm, fresh=bool(fresh), bound=self.bound, total=total,
-            moved_ids=moved, moved_scores=self.y[moved].copy(), mode=mode, pushes=int(pushes),
-            seconds=time.perf_counter() - start, relative_bound=relative,
-            residual_max=float(peak), max_abs_bound=float(max_abs),
-            work=int(work), sweeps=sweeps,
-        )
+        return Refresh(self, mode, tolerance, max_sweeps).run()

@@ -73,7 +73,7 @@ class Settings(BaseSettings):
     # the 1M-page stream's latency phase (1.4M pages, 50k link changes/s) a cap of 1
     # gave event -> visible p50/p99 5.1/6.5 s, a cap of 3 gave 5.2-8.4 / 7.8-15.2 s.
     # Session 6 spends the capped work on the largest residuals first
-    # (ranker.residual.PRIORITY_START); on 1.4M pages with 25k new links per batch a
+    # (ranker.refresh.PRIORITY_START); on 1.4M pages with 25k new links per batch a
     # quarter of a sweep refreshes both algorithms in 0.55 s per batch against 1.15 s
     # for a whole one, leaving a PageRank bound of 5-7e-3 relative against 8e-4. In
     # the pipeline that bound stays below what the publication cap leaves unwritten

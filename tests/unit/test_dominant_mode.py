@@ -40,8 +40,8 @@ def deflating_ranks(seed: int, *, pages: int = 2000) -> tuple[LiveRanks, Residua
                       local_work=0.0, recompute_every=10_000)
     ranks.cold_start()
     engine = ranks.engines["pagerank"]
-    engine._relax = True
-    engine._global_runs = 1  # not a probe refresh
+    engine.relax = True
+    engine.global_runs = 1  # not a probe refresh
     return ranks, engine
 
 
@@ -63,7 +63,7 @@ def test_refreshes_deflate_even_after_plain_sweeps_were_measured_fast() -> None:
     # One batch that hardly excites the mode measures fast plain sweeps; deflation
     # used to hang on that measurement, leaving the next 63 refreshes at 30 sweeps.
     ranks, engine = deflating_ranks(44)
-    engine._relax = False
+    engine.relax = False
     # A capped refresh (the consumer's, after a batch) has no use for the mode.
     engine.mode = dominant_mode.DominantMode(ranks.graph, ranks.damping)
     engine.mode.grow(engine.y.size)
@@ -119,7 +119,7 @@ def test_a_deflating_sweep_keeps_the_residual_exact(max_work: int) -> None:
     deflation.shift = mode.shift_for(along)
     assert deflation.shift != 0.0
     _, _, _, _, along, _, _ = K.sweep(engine.kind, engine.damping, 1e-3, 1.0, n, engine.y, engine.r,
-                                *engine._arrays(), engine.touched, engine.qstate,
+                                *engine.arrays(), engine.touched, engine.qstate,
                                 engine.is_touched, max_work, deflation.shift, deflation.w)
     assert along == pytest.approx(float(np.dot(engine.r[:n], mode.w[:n])), rel=1e-9)
     deflation.swept(0, along, n)  # y now owes the shift the sweep added to r
@@ -165,8 +165,8 @@ def test_a_dag_has_no_mode_and_falls_back_to_over_relaxation() -> None:
     # Not retried on every refresh: only once the graph has changed enough.
     assert not engine.mode.wanted(graph.num_links)
     assert engine.mode.wanted(int(graph.num_links * (1 + 2 * dominant_mode.STALE_SHARE)))
-    engine._relax = True
-    engine._global_runs = 1
+    engine.relax = True
+    engine.global_runs = 1
     # Deletions only: the graph stays a DAG, and the over-relaxed sweeps converge.
     edits = random_edit_batch(graph, 600, np.random.default_rng(48))
     report = ranks.apply(EdgeBatch(delete_src=edits.delete_src,
@@ -219,8 +219,8 @@ def test_over_relaxation_never_passes_on_more_than_a_pages_residual(damping: flo
     ranks.cold_start()
     engine = ranks.engines["pagerank"]
     engine.mode = None
-    engine._relax = True
-    engine._global_runs = 1
+    engine.relax = True
+    engine.global_runs = 1
     report = ranks.apply(random_edit_batch(graph, 200, np.random.default_rng(0)))["pagerank"]
     assert report.fresh
     assert engine.recompute_residual() <= 1e-10

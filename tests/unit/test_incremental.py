@@ -113,8 +113,8 @@ def run_scenario(size: int, edges: list[tuple[int, int]], batches: list[Step],
                                     np.array([e[1] for e in edges], dtype=np.int32), keys)
     ranks = LiveRanks(graph, **options)  # type: ignore[arg-type]
     for engine in ranks.engines.values():
-        engine._relax = accelerate
-        engine._global_runs = 1  # the first global refresh is not a probe
+        engine.relax = accelerate
+        engine.global_runs = 1  # the first global refresh is not a probe
     published = Published()
     reports = ranks.cold_start()
     for engine in ranks.engines.values():

@@ -11,7 +11,7 @@ from ranker.dominant_mode import NO_MODE
 from ranker.edge_batches import EdgeBatch
 from ranker.incremental import LiveRanks
 from ranker.pagerank import pagerank
-from ranker.residual import SLOW_SWEEP
+from ranker.refresh import SLOW_SWEEP
 from ranker.synthetic import copying_model_graph, random_edit_batch
 from ranker.weighted_pagerank import weighted_pagerank
 
@@ -65,8 +65,8 @@ def test_over_relaxed_sweeps_keep_the_certified_bound(omega: float) -> None:
     ranks.cold_start()
     engine = ranks.engines["pagerank"]
     engine.omega = omega
-    engine._relax = True  # as if plain sweeps had been measured to be slow
-    engine._global_runs = 1  # not a probe refresh
+    engine.relax = True  # as if plain sweeps had been measured to be slow
+    engine.global_runs = 1  # not a probe refresh
     rng = np.random.default_rng(24)
     for _ in range(3):
         report = ranks.apply(random_edit_batch(graph, 4000, rng))["pagerank"]
@@ -88,7 +88,7 @@ def test_over_relaxed_sweep_keeps_the_residual_invariant() -> None:
         engine.y[:n] += engine.r[:n] * 0.5
         engine.recompute_residual()
         K.sweep(engine.kind, engine.damping, 0.0, 1.3, n, engine.y, engine.r,
-                *engine._arrays(), engine.touched, engine.qstate, engine.is_touched, 2**62,
+                *engine.arrays(), engine.touched, engine.qstate, engine.is_touched, 2**62,
                 0.0, NO_MODE)
         assert engine.recompute_residual() <= 1e-12
 
@@ -104,7 +104,7 @@ def test_plain_sweeps_decide_relaxation_and_similar_batches_go_global_at_once() 
     assert first.mode == "global" and first.fresh
     # The first global refresh sweeps plainly and measures the convergence rate.
     assert 0.0 < engine.last_rate < 1.0
-    assert engine._relax == (engine.last_rate > SLOW_SWEEP)
+    assert engine.relax == (engine.last_rate > SLOW_SWEEP)
     bar = engine.global_from
     assert np.isfinite(bar)
     second = ranks.apply(random_edit_batch(graph, 400, rng))["pagerank"]

@@ -1,0 +1,232 @@
+"""One refresh of a residual engine: push residual mass into ``y`` until certified.
+
+:meth:`ranker.residual.ResidualEngine.refresh` runs a :class:`Refresh`. The engine
+keeps ``y``, ``r`` and what it learns across refreshes (the push threshold's scale,
+how large a change went global, whether plain sweeps were slow); a ``Refresh``
+keeps what one run needs (the work spent, the current thresholds, the sweep count)
+and ends in a :class:`ranker.results.RefreshReport`.
+
+Local or global: the refresh starts as a FIFO frontier push (work proportional to
+the change). If the push spends more than ``local_work`` link visits per link of
+the graph, the change is not local any more, and it switches by itself to
+warm-started Gauss-Seidel sweeps over all pages (``mode="global"``), which touch
+memory in order and cost one link visit per link per sweep. A change of about the
+size of one that went global before goes global at once (``global_from``), so the
+push budget is not burnt on every large batch; the bar rises slowly so that the
+push is re-tried now and then. PageRank's uncapped sweeps remove their dominant
+mode after each sweep wherever the graph has one (:mod:`ranker.dominant_mode`);
+WPR's, or PageRank's on a graph without such a mode, are over-relaxed
+(``SWEEP_OMEGA``) where plain ones were measured to converge slowly. Either stops as
+soon as ``||r||_1`` grows, and plain sweeps never raise it, so they always converge.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ranker import _kernels as K
+from ranker.bounds import max_abs_bound
+from ranker.dominant_mode import Deflation
+from ranker.results import RefreshReport
+
+if TYPE_CHECKING:
+    from ranker.residual import ResidualEngine
+
+# Over-relaxation of slow global sweeps where there is no dominant mode to remove
+# (1M-page cyclic graph, 1k-link batches: PageRank needed 19 sweeps at 1.15, 30 at
+# 1.0, 9-10 removing the mode, no fewer with both; WPR needs more above 1.0). Any
+# value is safe: see Refresh.sweep_pass.
+SWEEP_OMEGA = {"pagerank": 1.15, "wpr": 1.0}
+# Plain sweeps that shrink ||r||_1 by less than this factor each (the geometric mean
+# over a refresh) mean slow, eigenvalue-bound convergence through cycles (0.63-0.68
+# on the 1M-page cyclic graph): there over-relaxing pays. Where changes die out along
+# paths (the DAG model: 0.31-0.47) it only adds overshoot (up to 2.5x slower).
+SLOW_SWEEP = 0.55
+PROBE_EVERY = 64
+# A refresh with a work cap (``refresh(max_sweeps=...)``, the consumer's refresh after
+# a batch) cannot reach the tolerance on a large graph anyway, so its passes go
+# largest residuals first: the first visits only pages holding more than
+# PRIORITY_START times the mean |r|, and the threshold drops by PRIORITY_STEP each
+# time a pass finds less than PRIORITY_THIN of the links above it. On a growing
+# 1.4M-page graph one sweep's worth of such passes left WPR 1,000x closer than one
+# plain sweep, PageRank 1.4x (docs/benchmarks.md, "prioritized").
+PRIORITY_START = 16.0
+PRIORITY_STEP = 4.0
+PRIORITY_THIN = 0.02
+
+
+class Refresh:
+    """One run of :meth:`ranker.residual.ResidualEngine.refresh` (see there)."""
+
+    def __init__(self, engine: ResidualEngine, mode: str, tolerance: float | None,
+                 max_sweeps: float | None) -> None:
+        self.started = time.perf_counter()
+        self.engine = e = engine
+        self.tol = e.tolerance if tolerance is None else float(tolerance)
+        self.capped = max_sweeps is not None
+        g = e.graph
+        e.ensure(g.num_ids)
+        if e.stale:
+            e.recompute()
+        d = e.damping
+        self.change = e.pending_work  # link visits of the column updates: the change's size
+        e.pending_work = 0
+        self.work = self.change
+        self.pushes = self.sweeps = self.global_work = 0
+        self.live_count = max(g.num_live, 1)
+        # b alone gives sum(y) >= (1 - d) * live pages, a safe floor before y settles.
+        self.total = max(e.total, (1.0 - d) * self.live_count)
+        # y grows where links were added; the threshold is re-derived from the exact
+        # maximum after every pass, so an underestimate here only costs a pass.
+        self.y_max = e.y_max
+        self.target, self.eps = self.thresholds()
+        self.l1, self.peak = e.l1, np.inf
+        # The floor keeps small graphs local; local_work = 0: sweeps for every change.
+        self.budget = (int(e.local_work * max(g.num_links, 1))
+                       + (10_000 if e.local_work else 0))
+        # A capped refresh's global passes may visit this many links in all.
+        self.global_budget = (2**62 if max_sweeps is None
+                              else int(max_sweeps * max(g.num_links, 1)) + 1)
+        self.pass_eps = np.inf  # threshold of the next prioritized pass (capped refreshes)
+        self.global_start = 0.0  # ||r||_1 before the first sweep
+        self.lowered = False  # the push threshold was lowered during this refresh
+        self.mode = mode
+        if mode == "local" and self.change >= 0.5 * e.global_from:
+            # A change of about this size went global last time: the push would only
+            # burn its budget (about one sweep of link visits, at several times the
+            # cost per visit) before switching. Raising the bar slowly re-probes the
+            # local push every dozen or so such refreshes.
+            self.mode = "global"
+            K.clear_queue(e.queue, e.qstate, e.inq)
+            e.global_from *= 1.06
+        if e.rescan and self.mode == "local":  # global sweeps visit every page anyway
+            K.enqueue_above(g.num_ids, self.eps, e.r, e.queue, e.qstate, e.inq)
+        e.rescan = False
+        # Over-relax only slow sweeps (SLOW_SWEEP); every PROBE_EVERY-th one re-measures.
+        self.probe = (not self.capped and e.omega != 1.0
+                      and e.global_runs % PROBE_EVERY == 0)
+        # d * omega > 1 grows r geometrically along swept paths (d = 0.95, 1.15: 1e44).
+        self.omega = (max(1.0, min(e.omega, 0.98 / d))
+                      if e.relax and not self.probe and not self.capped else 1.0)
+        self.deflation = Deflation(None, g.num_ids)  # PageRank's instead of omega
+
+    def thresholds(self) -> tuple[float, float]:
+        """(allowed ``||r||_1``, push threshold) for the current sum and max of ``y``."""
+        return self.engine.thresholds(self.total, self.y_max, self.live_count, self.tol)
+
+    def run(self) -> RefreshReport:
+        while True:
+            sums = self.push_pass() if self.mode == "local" else self.sweep_pass()
+            if self.settled(*sums):
+                return self.report()
+
+    def push_pass(self) -> tuple[float, float]:
+        """FIFO push within the budget; a queue left over means the change is not local.
+        Returns ``(sum(y), max(y))``."""
+        e = self.engine
+        n = e.graph.num_ids
+        p, w, e.l1 = K.push_queue(e.kind, e.damping, self.eps, self.budget - self.work, -1.0,
+                                  e.l1, e.y, e.r, *e.arrays(), e.queue, e.qstate, e.inq,
+                                  e.touched, e.is_touched)
+        self.pushes += p
+        self.work += w
+        self.l1, self.peak, _, y_sum, y_max = K.stats_along(e.r, n, e.r[:0], e.y)
+        if e.qstate[K.Q_SIZE] > 0:  # out of budget
+            self.mode = "global"
+            K.clear_queue(e.queue, e.qstate, e.inq)
+            e.global_from = min(e.global_from, max(self.change, 1))
+        return y_sum, y_max
+
+    def sweep_pass(self) -> tuple[float, float]:
+        """One sweep over all pages (capped: a prioritized pass). Returns the sweep's
+        ``(sum(y), max(y))``, before the deflation's shift along ``v``."""
+        e = self.engine
+        g = e.graph
+        before = e.l1
+        if self.sweeps == 0:
+            self.global_start = before
+            # Always, not after slow sweeps were measured: a batch that hardly
+            # excited the mode measured fast, and 63 refreshes took 30 sweeps.
+            if not self.capped and e.mode is not None:
+                self.deflation = e.mode.deflation(e.y)
+                self.omega = 1.0 if self.deflation.active else self.omega
+            if self.capped:
+                self.pass_eps = PRIORITY_START * before / self.live_count
+        threshold = max(self.eps, self.pass_eps) if self.capped else self.eps
+        p, w, self.l1, self.peak, along, y_sum, y_max = K.sweep(
+            e.kind, e.damping, threshold, self.omega, g.num_ids, e.y, e.r, *e.arrays(),
+            e.touched, e.qstate, e.is_touched, self.global_budget - self.global_work,
+            self.deflation.shift, self.deflation.w)
+        self.global_work += w
+        if self.capped and w < PRIORITY_THIN * g.num_links:
+            self.pass_eps = threshold / PRIORITY_STEP
+        self.deflation.swept(p, along, self.live_count)  # books the shift this sweep added
+        if self.l1 > before:
+            # Over-relaxation is only guaranteed to converge for omega below
+            # 2 / (1 + d); plain Gauss-Seidel never raises ||r||_1.
+            self.omega = 1.0
+            self.deflation.stop()
+        self.pushes += p
+        self.work += w
+        self.sweeps += 1
+        return y_sum, y_max
+
+    def settled(self, y_sum: float, y_max: float) -> bool:
+        """After a pass: whether the refresh is over (certified, out of work, or only
+        rounding noise left); lowers the push threshold when it stops paying."""
+        e = self.engine
+        e.l1 = self.l1
+        self.total, self.y_max = self.deflation.bounds(y_sum, y_max)
+        self.target, self.eps = self.thresholds()
+        if (self.l1 <= self.target
+                and max_abs_bound(self.peak, self.y_max, e.damping) <= e.error_cap):
+            return True
+        if self.mode == "global" and (self.sweeps >= e.max_sweeps
+                                      or self.global_work >= self.global_budget):
+            return True  # reported as not fresh
+        if self.peak <= self.eps and self.l1 > self.target:
+            # The dust below the threshold alone exceeds the target: go finer.
+            floor = self.target / self.live_count
+            finer = min(self.eps / 4.0, self.peak / 2.0)  # below the peak, so something moves
+            e.eps_scale = max(finer / floor, 1.0) if floor > 0 else 1.0
+            self.lowered = True
+            self.target, self.eps = self.thresholds()
+        return (self.mode == "local"
+                and K.enqueue_above(e.graph.num_ids, self.eps, e.r, e.queue, e.qstate,
+                                    e.inq) == 0)  # only rounding noise is left: not fresh
+
+    def report(self) -> RefreshReport:
+        """Settle ``y``, learn for the next refresh, and report what was reached."""
+        e = self.engine
+        g = e.graph
+        n = g.num_ids
+        d = e.damping
+        if self.deflation.finish(e.y, e.touched, e.qstate, e.is_touched):
+            self.total, self.y_max = K.sum_max(e.y, n)
+        if self.sweeps and self.probe and self.sweeps >= 3 and self.global_start > 0.0:
+            e.last_rate = (max(self.l1, 1e-300) / self.global_start) ** (1.0 / self.sweeps)
+            e.relax = e.last_rate > SLOW_SWEEP
+            e.global_runs += 1
+        elif self.sweeps and not self.probe:
+            e.global_runs += 1
+        if not self.lowered and self.l1 < 0.25 * self.target:
+            e.eps_scale *= 2.0  # plenty of room: push less next time
+        moved = K.collect_moved(e.touched, e.qstate, e.is_touched, g.live_mask(), e.y,
+                                e.published, e.publish_threshold)
+        e.total = self.total
+        e.y_max = self.y_max
+        e.bound = self.l1 / (1.0 - d)
+        max_abs = min(max_abs_bound(self.peak, self.y_max, d), e.bound)
+        relative = (e.bound / self.total if self.total > 0
+                    else (0.0 if self.l1 == 0 else np.inf))
+        fresh = relative <= self.tol and max_abs <= e.error_cap
+        return RefreshReport(
+            algorithm=e.algorithm, fresh=bool(fresh), bound=e.bound, total=self.total,
+            moved_ids=moved, moved_scores=e.y[moved].copy(), mode=self.mode,
+            pushes=int(self.pushes), seconds=time.perf_counter() - self.started,
+            relative_bound=relative, residual_max=float(self.peak),
+            max_abs_bound=float(max_abs), work=int(self.work), sweeps=self.sweeps,
+        )
