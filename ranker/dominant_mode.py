@@ -124,29 +124,27 @@ class DominantMode:
             self.w[dead] = 0.0
             self._ww = None
 
-    def recompute_image(self) -> None:
-        """``w`` from scratch (the drift guard)."""
+    def recompute_image(self, num_ids: int) -> None:
+        """``w`` from scratch (the drift guard) on pages ``[0, num_ids)``."""
         if self.available:
-            self.v[self.graph.num_ids:] = 0.0
-            self._pull(self.v, self.w)
+            self.v[num_ids:] = 0.0
+            self._pull(self.v, self.w, num_ids)
             self._ww = None
 
-    def _pull(self, x: np.ndarray, out: np.ndarray) -> None:
-        """``out = d*M*x - x`` (the residual of ``x`` with ``b = 0``)."""
+    def _pull(self, x: np.ndarray, out: np.ndarray, n: int) -> None:
+        """``out = d*M*x - x`` on pages ``[0, n)`` (the residual of ``x`` with ``b = 0``)."""
         g = self.graph
-        n = g.num_ids
         K.full_residual_pull(K.KIND_PAGERANK, self.damping, n, np.zeros(n, dtype=np.bool_), x,
                              out, g.in_start, g.in_len, g.in_nbr, g.out_len, NO_MODE, NO_MODE)
 
     # ------------------------------------------------ finding v
-    def compute(self, start: np.ndarray) -> bool:
-        """Power iteration for ``v`` from ``start`` (the engine's ``y``).
+    def compute(self, start: np.ndarray, n: int) -> bool:
+        """Power iteration for ``v`` from ``start`` (the engine's ``y``) on pages ``[0, n)``.
 
         Returns whether a mode worth keeping was found: the iteration settled within
         ``POWER_STEPS`` at a rate of at least ``MIN_RATE``. ``w`` is exact for the
         ``v`` kept (the last iterate, whose image was pulled).
         """
-        n = self.graph.num_ids
         v = np.zeros(self.v.size)
         w = np.zeros(self.v.size)
         v[:n] = np.maximum(start[:n], 0.0)
@@ -159,7 +157,7 @@ class DominantMode:
         v[:n] /= total
         rate = 0.0
         for _ in range(POWER_STEPS):
-            self._pull(v, w)
+            self._pull(v, w, n)
             image = w[:n] + v[:n]  # d*M*v
             size = image.sum()
             if not size > 0.0:
@@ -191,11 +189,13 @@ class DominantMode:
             self._ww = float(np.dot(self.w, self.w))
         return -along / self._ww if self._ww > 0.0 else 0.0
 
-    def deflation(self, y: np.ndarray) -> Deflation:
-        """A refresh's deflation, with ``v`` (re)computed from ``y`` first if due."""
+    def deflation(self, y: np.ndarray, n: int) -> Deflation:
+        """A refresh's deflation over pages ``[0, n)``, with ``v`` (re)computed from ``y``
+        first if due. ``n`` is the refresh's, not the graph's: the consumer may intern
+        more pages meanwhile, beyond the engine's arrays."""
         if self.wanted(self.graph.num_links):
-            self.compute(y)
-        return Deflation(self if self.available else None, self.graph.num_ids)
+            self.compute(y, n)
+        return Deflation(self if self.available else None, n)
 
 
 class Deflation:

@@ -68,7 +68,10 @@ class Refresh:
         self.tol = e.tolerance if tolerance is None else float(tolerance)
         self.capped = max_sweeps is not None
         g = e.graph
-        e.ensure(g.num_ids)
+        # Pages [0, n) only: the consumer's main thread may intern more ids while this
+        # runs on the ranker thread, and the arrays were not grown for those.
+        self.n = g.num_ids
+        e.ensure(self.n)
         if e.stale:
             e.recompute()
         d = e.damping
@@ -103,7 +106,7 @@ class Refresh:
             K.clear_queue(e.queue, e.qstate, e.inq)
             e.global_from *= 1.06
         if e.rescan and self.mode == "local":  # global sweeps visit every page anyway
-            K.enqueue_above(g.num_ids, self.eps, e.r, e.queue, e.qstate, e.inq)
+            K.enqueue_above(self.n, self.eps, e.r, e.queue, e.qstate, e.inq)
         e.rescan = False
         # Over-relax only slow sweeps (SLOW_SWEEP); every PROBE_EVERY-th one re-measures.
         self.probe = (not self.capped and e.omega != 1.0
@@ -111,7 +114,7 @@ class Refresh:
         # d * omega > 1 grows r geometrically along swept paths (d = 0.95, 1.15: 1e44).
         self.omega = (max(1.0, min(e.omega, 0.98 / d))
                       if e.relax and not self.probe and not self.capped else 1.0)
-        self.deflation = Deflation(None, g.num_ids)  # PageRank's instead of omega
+        self.deflation = Deflation(None, self.n)  # PageRank's instead of omega
 
     def thresholds(self) -> tuple[float, float]:
         """(allowed ``||r||_1``, push threshold) for the current sum and max of ``y``."""
@@ -127,7 +130,7 @@ class Refresh:
         """FIFO push within the budget; a queue left over means the change is not local.
         Returns ``(sum(y), max(y))``."""
         e = self.engine
-        n = e.graph.num_ids
+        n = self.n
         p, w, e.l1 = K.push_queue(e.kind, e.damping, self.eps, self.budget - self.work, -1.0,
                                   e.l1, e.y, e.r, *e.arrays(), e.queue, e.qstate, e.inq,
                                   e.touched, e.is_touched)
@@ -151,13 +154,13 @@ class Refresh:
             # Always, not after slow sweeps were measured: a batch that hardly
             # excited the mode measured fast, and 63 refreshes took 30 sweeps.
             if not self.capped and e.mode is not None:
-                self.deflation = e.mode.deflation(e.y)
+                self.deflation = e.mode.deflation(e.y, self.n)
                 self.omega = 1.0 if self.deflation.active else self.omega
             if self.capped:
                 self.pass_eps = PRIORITY_START * before / self.live_count
         threshold = max(self.eps, self.pass_eps) if self.capped else self.eps
         p, w, self.l1, self.peak, along, y_sum, y_max = K.sweep(
-            e.kind, e.damping, threshold, self.omega, g.num_ids, e.y, e.r, *e.arrays(),
+            e.kind, e.damping, threshold, self.omega, self.n, e.y, e.r, *e.arrays(),
             e.touched, e.qstate, e.is_touched, self.global_budget - self.global_work,
             self.deflation.shift, self.deflation.w)
         self.global_work += w
@@ -195,14 +198,14 @@ class Refresh:
             self.lowered = True
             self.target, self.eps = self.thresholds()
         return (self.mode == "local"
-                and K.enqueue_above(e.graph.num_ids, self.eps, e.r, e.queue, e.qstate,
+                and K.enqueue_above(self.n, self.eps, e.r, e.queue, e.qstate,
                                     e.inq) == 0)  # only rounding noise is left: not fresh
 
     def report(self) -> RefreshReport:
         """Settle ``y``, learn for the next refresh, and report what was reached."""
         e = self.engine
         g = e.graph
-        n = g.num_ids
+        n = self.n
         d = e.damping
         if self.deflation.finish(e.y, e.touched, e.qstate, e.is_touched):
             self.total, self.y_max = K.sum_max(e.y, n)

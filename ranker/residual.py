@@ -295,7 +295,7 @@ class ResidualEngine:
                                           g.in_start, g.in_len, g.in_nbr, g.out_len,
                                           self.si, self.so)
         if self.mode is not None:
-            self.mode.recompute_image()
+            self.mode.recompute_image(n)
         K.clear_queue(self.queue, self.qstate, self.inq)
         self.rescan = True
         self.stale = False

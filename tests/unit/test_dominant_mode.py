@@ -154,12 +154,12 @@ def test_a_dag_has_no_mode_and_falls_back_to_over_relaxation() -> None:
     pulls: list[int] = []
     pull = engine.mode._pull
 
-    def counted(x: np.ndarray, out: np.ndarray) -> None:
+    def counted(x: np.ndarray, out: np.ndarray, n: int) -> None:
         pulls.append(1)
-        pull(x, out)
+        pull(x, out, n)
 
     engine.mode._pull = counted  # type: ignore[method-assign]
-    assert not engine.mode.compute(engine.y)  # M is nilpotent: no mode...
+    assert not engine.mode.compute(engine.y, engine.graph.num_ids)  # M is nilpotent: no mode...
     assert len(pulls) < dominant_mode.POWER_STEPS  # ...seen as it dies out, not after 40 pulls
     assert not engine.mode.available
     # Not retried on every refresh: only once the graph has changed enough.

@@ -119,7 +119,8 @@ def run_scenario(size: int, edges: list[tuple[int, int]], batches: list[Step],
     reports = ranks.cold_start()
     for engine in ranks.engines.values():
         if accelerate and engine.mode is not None:
-            engine.mode.compute(engine.y)  # not only once 10% of the links changed
+            # Not only once 10% of the links changed.
+            engine.mode.compute(engine.y, engine.graph.num_ids)
     published.take(ranks, reports)
     check(ranks, reports, published)
     for index, step in enumerate(batches):
