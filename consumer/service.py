@@ -10,11 +10,11 @@ Concurrency: the graph transaction runs on a writer thread while a ranker thread
 applies the same batch to the engines (compiled kernels, GIL released) and, while
 catching up, the main thread polls and decodes the next one. The ranker thread then
 refreshes the engines while the main thread decodes (catching up: up to four batches
-ahead) and plans the next one
-(before that transaction has finished, and before the refresh has: planning only
-reads the graph and interns; see :meth:`ConsumerService.process`). The refresh is
-collected, and a publication started if due, before the engines take the next
-batch; publications run on a second writer thread (:mod:`consumer.publishing`) and are
+ahead) and plans the next one before that transaction and that refresh have finished:
+planning only reads the graph and interns, and a refresh keeps to the pages that
+existed when it started (:class:`ranker.refresh.Refresh`). The refresh is collected,
+and a publication started if due, before the engines take the next batch;
+publications run on a second writer thread (:mod:`consumer.publishing`) and are
 coalesced (batches that finish while one is being written join the next). A
 publication only ever covers batches whose transaction committed. While catching
 up, batches are only absorbed by the engines until a publication can start, and one
