@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
 from consumer.jsonlog import setup_json_logging
 from consumer.lock import DEFAULT_TTL_MS
 from consumer.options import ConsumeOptions
 from consumer.service import run_consumer
-from rankstream.errors import ConfigError
+from rankstream.errors import ConfigError, RankstreamError
 from rankstream.settings import Settings
 
 
@@ -36,4 +37,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     setup_json_logging(args.log_level)
     options = ConsumeOptions(until_caught_up=args.until_caught_up, max_seconds=args.max_seconds,
                              lock_ttl_ms=args.lock_ttl_ms, bulk_writes=not args.plain_writes)
-    return run_consumer(settings, options)
+    try:
+        return run_consumer(settings, options)
+    except RankstreamError:
+        raise  # the CLI prints these on one line (exit 2)
+    except Exception:
+        # A bug, not bad input or a failed service: say so in the JSON log that
+        # operators watch; the traceback and exit code 1 follow as usual.
+        logging.getLogger("rankstream.consumer").exception("consumer crashed")
+        raise
