@@ -38,10 +38,11 @@ from ranker.results import RefreshReport
 ALGORITHM_KINDS = {"pagerank": K.KIND_PAGERANK, "wpr": K.KIND_WPR}
 # A WPR batch whose columns to re-weigh hold more than this share of all links is
 # absorbed by recomputing r from scratch instead (SI and SO are kept exact by
-# shift_sums either way): the column-by-column re-weigh costs ~70-86 ns per link
-# visit (random reads of old and new degrees, queue marks), the full pull ~5 ns per
-# link of the graph. 1M-page cyclic graph, 1k-link batches (17-24% re-weighed):
-# 297 ms per batch at 0.25, 213 at 0.10, 206 at 0.05 (one kernel thread: 310, 228).
+# shift_sums either way): the column-by-column re-weigh costs ~55 ns per link
+# visit (columns in no order, random reads of factors, r and queue marks; sorting
+# the columns first: ~42), the full pull ~5 ns per link of the graph. 1M-page cyclic
+# graph, 1k-link batches (17-24% re-weighed): 297 ms per batch at 0.25, 213 at 0.10,
+# 206 at 0.05 (one kernel thread: 310, 228).
 FULL_RESIDUAL_SHARE = 0.08
 
 
@@ -124,7 +125,8 @@ class ResidualEngine:
         self._cap = cap
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                               np.ndarray]:
+                              np.ndarray]:
+        """What the push kernels read per column: out-rows, WPR's factors and sums."""
         g = self.graph
         return (g.out_start, g.out_len, g.out_nbr, self.factor, self.si, self.so)
 
