@@ -15,7 +15,7 @@ The refresh itself, local push or global sweeps, is :class:`ranker.refresh.Refre
 WPR batches touch many columns (``{u} + B(u) + B(v)``, and B of a hub is huge), but
 only the changed sources get new out-rows: the other columns keep their targets
 and only change weight, so they are re-weighed in one pass after the change
-(:func:`ranker._kernels.wpr_reweigh_columns`) instead of a retract and an absorb
+(:func:`ranker._column_kernels.wpr_reweigh_columns`) instead of a retract and an absorb
 pass plus a re-summation of ``SI``/``SO``. When those columns hold more than
 ``FULL_RESIDUAL_SHARE`` of all links (a growing graph whose new links go to hubs),
 ``SI``, ``SO`` and ``r`` are recomputed in one in-order pass instead, which costs
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ranker import _column_kernels as CK
 from ranker import _graph_kernels as GK
 from ranker import _kernels as K
 from ranker.bounds import push_thresholds
@@ -73,7 +74,7 @@ class ResidualEngine:
         self.global_from = np.inf  # column-update work from which refreshes go global
         self._cap = 0
         self.y, self.r, self.published = np.zeros(0), np.zeros(0), np.zeros(0)
-        # WPR's SI, SO and signed per-target factors (K.set_factors).
+        # WPR's SI, SO and signed per-target factors (CK.set_factors).
         self.si, self.so, self.factor = np.zeros(0), np.zeros(0), np.zeros(0)
         self.base = np.zeros(0)  # b: 1 - d on live pages, 0 elsewhere
         self.inq = np.zeros(0, dtype=np.bool_)
@@ -192,7 +193,7 @@ class ResidualEngine:
             self.r[pages] = old_r + (want - self.base[pages])
             self.base[pages] = want
             self.l1 += float(np.abs(self.r[pages]).sum() - np.abs(old_r).sum())
-            K.enqueue_pages(pages, self.queue, self.qstate, self.inq)
+            CK.enqueue_pages(pages, self.queue, self.qstate, self.inq)
             # New pages have y = 0: their columns cost nothing now, their first push
             # visits their links (the refresh compares that with earlier changes).
             self.pending_work += int(g.out_len[pages].sum())
@@ -209,11 +210,11 @@ class ResidualEngine:
                 self.pending_work += reweigh
                 self._keep_sums(plan)
             else:
-                K.update_sums(sources, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si,
+                CK.update_sums(sources, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si,
                               self.so)
-                K.set_factors(changed, g.in_len, g.out_len, self.factor)
+                CK.set_factors(changed, g.in_len, g.out_len, self.factor)
                 self._add_columns(sources, 1.0)
-                work, dl1 = K.wpr_reweigh_columns(
+                work, dl1 = CK.wpr_reweigh_columns(
                     cols, self.is_source, changed, self.prev_in, self.prev_out,
                     self.has_prev, self.damping, self.y, self.r, g.out_start, g.out_len,
                     g.out_nbr, g.in_start, g.in_len, g.in_nbr, self.factor, self.si, self.so,
@@ -224,9 +225,9 @@ class ResidualEngine:
                 self.has_prev[changed] = False
         else:
             if self.kind == K.KIND_WPR:  # without a plan: whose degrees changed is unknown
-                K.update_sums(cols, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si,
+                CK.update_sums(cols, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si,
                               self.so)
-                K.set_factors(np.arange(g.num_ids), g.in_len, g.out_len, self.factor)
+                CK.set_factors(np.arange(g.num_ids), g.in_len, g.out_len, self.factor)
             self._add_columns(cols, 1.0)
         self._forget_removed(applied.removed_pages, live)
 
@@ -234,7 +235,7 @@ class ResidualEngine:
         """Bring WPR's SI, SO and factors up to date after a batch whose r is left stale.
 
         The changed sources are re-summed; every other page only shifts by the degree
-        changes of the pages it links to (:func:`ranker._kernels.shift_sums`): on 1M
+        changes of the pages it links to (:func:`ranker._column_kernels.shift_sums`): on 1M
         pages, 40k + 1.1M link visits per batch of 40k new links instead of all 8M.
         Without the batch's plan the sums are re-summed at the next recomputation.
         """
@@ -245,10 +246,10 @@ class ResidualEngine:
             return
         g = self.graph
         sources, changed, _ = plan
-        K.update_sums(sources, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si, self.so)
-        K.shift_sums(changed, self.is_source, self.prev_in, self.prev_out, g.in_start,
+        CK.update_sums(sources, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si, self.so)
+        CK.shift_sums(changed, self.is_source, self.prev_in, self.prev_out, g.in_start,
                      g.in_len, g.in_nbr, g.out_len, self.si, self.so)
-        K.set_factors(changed, g.in_len, g.out_len, self.factor)
+        CK.set_factors(changed, g.in_len, g.out_len, self.factor)
         self.is_source[sources] = False
         self.has_prev[changed] = False
 
@@ -267,7 +268,7 @@ class ResidualEngine:
         K.touch_pages(removed[live[removed]], self.touched, self.qstate, self.is_touched)
 
     def _add_columns(self, cols: np.ndarray, sign: float) -> None:
-        work, dl1 = K.add_columns(self.kind, cols, sign, self.damping, self.y, self.r,
+        work, dl1 = CK.add_columns(self.kind, cols, sign, self.damping, self.y, self.r,
                                   *self.arrays(), self.queue, self.qstate, self.inq)
         self.pending_work += work
         self.l1 += dl1
@@ -290,8 +291,8 @@ class ResidualEngine:
         live = g.live_mask()[:n]  # the consumer may intern more ids meanwhile
         self.base[:n] = np.where(live, 1.0 - self.damping, 0.0)
         if self.kind == K.KIND_WPR and not self.sums_exact:
-            K.all_sums(n, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si, self.so)
-            K.set_factors(np.arange(n), g.in_len, g.out_len, self.factor)
+            CK.all_sums(n, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si, self.so)
+            CK.set_factors(np.arange(n), g.in_len, g.out_len, self.factor)
             self.sums_exact = True
         self.l1, _ = K.full_residual_pull(self.kind, self.damping, n, live, self.y, self.r,
                                           g.in_start, g.in_len, g.in_nbr, g.out_len,

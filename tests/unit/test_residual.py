@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ranker import _column_kernels as CK
 from ranker import _kernels as K
 from ranker import residual
 from ranker.dominant_mode import NO_MODE
@@ -29,7 +30,7 @@ def assert_sums_exact(ranks: LiveRanks) -> None:
     graph, engine = ranks.graph, ranks.engines["wpr"]
     n = graph.num_ids
     si, so = np.zeros(n), np.zeros(n)
-    K.all_sums(n, graph.out_start, graph.out_len, graph.out_nbr, graph.in_len, si, so)
+    CK.all_sums(n, graph.out_start, graph.out_len, graph.out_nbr, graph.in_len, si, so)
     assert np.array_equal(si, engine.si[:n]) and np.array_equal(so, engine.so[:n])
     in_len, out_len = graph.in_len[:n].astype(float), graph.out_len[:n].astype(float)
     factor = np.where(out_len > 0, in_len * out_len, -in_len)
