@@ -132,7 +132,7 @@ def run_throughput(settings: Settings) -> Throughput:
         try:
             while not service.stop_event.is_set():
                 service.step()
-                if service._caught_up():
+                if service.caught_up():
                     break
             drain_started = time.perf_counter()
             service.drain()  # the last publication: scores visible

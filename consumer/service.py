@@ -191,7 +191,7 @@ class ConsumerService:
                     self.request_stop("max-seconds")
                     break
                 self.step()
-                if self._caught_up():
+                if self.caught_up():
                     self.request_stop("caught-up")
             self.drain()
             leave_snapshot(self.redis, self.keys, self.snapshot, self.mirror, self.publisher)
@@ -201,9 +201,6 @@ class ConsumerService:
             "reason": self.stop_reason, "events": self.stats.events,
             "batches": self.stats.batches}})
         return 0
-
-    def _caught_up(self) -> bool:
-        return self._would_be_caught_up({})
 
     def shutdown(self) -> None:
         self._ranker.shutdown(wait=True)
@@ -292,7 +289,7 @@ class ConsumerService:
         # (its scores copied before the engines take this batch). While catching up,
         # the next batches are decoded meanwhile.
         if self._refreshing is not None and self._lagging:
-            self.batches.decode_during(self._refreshing, batch, self._would_be_caught_up)
+            self.batches.decode_during(self._refreshing, batch, self.caught_up)
         self._collect_refresh()
         publication = self.publications.take(mirror, lagging=self._lagging,
                                              blocked=self._unrefreshed)
@@ -321,7 +318,7 @@ class ConsumerService:
                     max_sweeps=pacing.batch_sweeps())
                 self._unrefreshed = False
             if full:  # once caught up, the next poll is timed to the engines instead
-                self.batches.decode_during(absorbing, batch, self._would_be_caught_up)
+                self.batches.decode_during(absorbing, batch, self.caught_up)
         finally:
             t_fetch = time.perf_counter()
             absorbing.result()  # never leave the graph changing unjoined
@@ -398,9 +395,10 @@ class ConsumerService:
         """Next offset per partition once a batch ending at ``next_offsets`` is applied."""
         return {**self._source().positions(self._mirror().offsets), **next_offsets}
 
-    def _would_be_caught_up(self, next_offsets: dict[int, int]) -> bool:
-        """Would a batch ending at ``next_offsets`` reach the caught-up targets?"""
-        return self.pacing.caught_up(self._positions_after(next_offsets))
+    def caught_up(self, next_offsets: dict[int, int] | None = None) -> bool:
+        """Have the batches applied so far (and one ending at ``next_offsets``, if
+        given) reached the caught-up targets (``--until-caught-up``)?"""
+        return self.pacing.caught_up(self._positions_after(next_offsets or {}))
 
     def drain(self) -> None:
         """Publish everything pending and wait for it (called before a clean exit)."""
