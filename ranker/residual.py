@@ -15,8 +15,8 @@ The refresh itself, local push or global sweeps, is :class:`ranker.refresh.Refre
 WPR batches touch many columns (``{u} + B(u) + B(v)``, and B of a hub is huge), but
 only the changed sources get new out-rows: the other columns keep their targets
 and only change weight, so they are re-weighed in one pass after the change
-(:func:`ranker._column_kernels.wpr_reweigh_columns`) instead of a retract and an absorb
-pass plus a re-summation of ``SI``/``SO``. When those columns hold more than
+(:func:`ranker._column_kernels.wpr_reweigh_columns`) instead of a retract and an
+absorb pass plus a re-summation of ``SI``/``SO``. When those columns hold more than
 ``FULL_RESIDUAL_SHARE`` of all links (a growing graph whose new links go to hubs),
 ``SI``, ``SO`` and ``r`` are recomputed in one in-order pass instead, which costs
 less than re-weighing that many columns one by one.
@@ -211,7 +211,7 @@ class ResidualEngine:
                 self._keep_sums(plan)
             else:
                 CK.update_sums(sources, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si,
-                              self.so)
+                               self.so)
                 CK.set_factors(changed, g.in_len, g.out_len, self.factor)
                 self._add_columns(sources, 1.0)
                 work, dl1 = CK.wpr_reweigh_columns(
@@ -226,7 +226,7 @@ class ResidualEngine:
         else:
             if self.kind == K.KIND_WPR:  # without a plan: whose degrees changed is unknown
                 CK.update_sums(cols, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si,
-                              self.so)
+                               self.so)
                 CK.set_factors(np.arange(g.num_ids), g.in_len, g.out_len, self.factor)
             self._add_columns(cols, 1.0)
         self._forget_removed(applied.removed_pages, live)
@@ -235,8 +235,8 @@ class ResidualEngine:
         """Bring WPR's SI, SO and factors up to date after a batch whose r is left stale.
 
         The changed sources are re-summed; every other page only shifts by the degree
-        changes of the pages it links to (:func:`ranker._column_kernels.shift_sums`): on 1M
-        pages, 40k + 1.1M link visits per batch of 40k new links instead of all 8M.
+        changes of the pages it links to (:func:`ranker._column_kernels.shift_sums`):
+        on 1M pages, 40k + 1.1M link visits per batch of 40k new links instead of all 8M.
         Without the batch's plan the sums are re-summed at the next recomputation.
         """
         if self.kind != K.KIND_WPR:
@@ -248,7 +248,7 @@ class ResidualEngine:
         sources, changed, _ = plan
         CK.update_sums(sources, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si, self.so)
         CK.shift_sums(changed, self.is_source, self.prev_in, self.prev_out, g.in_start,
-                     g.in_len, g.in_nbr, g.out_len, self.si, self.so)
+                      g.in_len, g.in_nbr, g.out_len, self.si, self.so)
         CK.set_factors(changed, g.in_len, g.out_len, self.factor)
         self.is_source[sources] = False
         self.has_prev[changed] = False
@@ -269,7 +269,7 @@ class ResidualEngine:
 
     def _add_columns(self, cols: np.ndarray, sign: float) -> None:
         work, dl1 = CK.add_columns(self.kind, cols, sign, self.damping, self.y, self.r,
-                                  *self.arrays(), self.queue, self.qstate, self.inq)
+                                   *self.arrays(), self.queue, self.qstate, self.inq)
         self.pending_work += work
         self.l1 += dl1
         if self.mode is not None:
