@@ -29,11 +29,16 @@ def set_factors(pages, in_len, out_len, factor):
     """WPR's per-target factor, signed: ``I * O`` for a page with out-links, ``-I``
     for one without. A mode-1 column (``so > 0``) weighs a target by ``I * O``, 0 when
     it has no out-links; a mode-2 column (``so == 0``) links only to pages without
-    out-links and weighs them by ``I``. So ``max(f, 0)`` and ``max(-f, 0)`` give both."""
+    out-links and weighs them by ``I``. So ``max(f, 0)`` and ``max(-f, 0)`` give both.
+
+    A page without in-links is no column's target, so its factor is only its scale
+    in :mod:`ranker._scaled_sweep`: ``I`` counts as 1 there, which keeps every
+    factor non-zero and its sign the page's kind (no branch per page in a sweep)."""
     for k in range(pages.size):
         m = pages[k]
         deg = float(out_len[m])
-        factor[m] = float(in_len[m]) * deg if deg > 0.0 else -float(in_len[m])
+        weight = float(max(in_len[m], 1))
+        factor[m] = weight * deg if deg > 0.0 else -weight
 
 
 @njit(cache=True)

@@ -76,6 +76,7 @@ class ResidualEngine:
         self.y, self.r, self.published = np.zeros(0), np.zeros(0), np.zeros(0)
         # WPR's SI, SO and signed per-target factors (CK.set_factors).
         self.si, self.so, self.factor = np.zeros(0), np.zeros(0), np.zeros(0)
+        self.r_dangling = np.zeros(0)  # WPR's sweeps: see ranker._scaled_sweep
         self.base = np.zeros(0)  # b: 1 - d on live pages, 0 elsewhere
         self.inq = np.zeros(0, dtype=np.bool_)
         self.is_touched = np.zeros(0, dtype=np.bool_)
@@ -105,12 +106,14 @@ class ResidualEngine:
         if num_ids <= self._cap:
             return
         cap = max(num_ids, self._cap + (self._cap >> 1), 16)
-        wpr_only = ("factor",) if self.kind == K.KIND_WPR else ()
+        wpr_only = ("factor", "r_dangling") if self.kind == K.KIND_WPR else ()
         for name in ("y", "r", "published", "si", "so", "base", "inq", "is_touched", "touched",
                      "is_marked", "is_source", "has_prev", "prev_in", "prev_out", *wpr_only):
             old = getattr(self, name)
             new = np.zeros(cap, dtype=old.dtype)
             new[: old.size] = old
+            if name == "factor":
+                new[old.size:] = -1.0  # a page without links (CK.set_factors)
             setattr(self, name, new)
         if self.mode is not None:
             self.mode.grow(cap)

@@ -7,7 +7,8 @@ import pytest
 
 from ranker import _column_kernels as CK
 from ranker import _kernels as K
-from ranker import residual
+from ranker import _scaled_sweep as SK
+from ranker import refresh, residual
 from ranker.dominant_mode import NO_MODE
 from ranker.edge_batches import EdgeBatch
 from ranker.incremental import LiveRanks
@@ -33,7 +34,8 @@ def assert_sums_exact(ranks: LiveRanks) -> None:
     CK.all_sums(n, graph.out_start, graph.out_len, graph.out_nbr, graph.in_len, si, so)
     assert np.array_equal(si, engine.si[:n]) and np.array_equal(so, engine.so[:n])
     in_len, out_len = graph.in_len[:n].astype(float), graph.out_len[:n].astype(float)
-    factor = np.where(out_len > 0, in_len * out_len, -in_len)
+    weight = np.maximum(in_len, 1.0)  # a page without in-links: its scale, see set_factors
+    factor = np.where(out_len > 0, weight * out_len, -weight)
     assert np.array_equal(factor, engine.factor[:n])
     assert not engine.is_source.any() and not engine.has_prev.any()
 
@@ -92,6 +94,76 @@ def test_over_relaxed_sweep_keeps_the_residual_invariant() -> None:
                 *engine.arrays(), engine.touched, engine.qstate, engine.is_touched, 2**62,
                 0.0, NO_MODE)
         assert engine.recompute_residual() <= 1e-12
+
+
+@pytest.mark.parametrize(("omega", "max_work"), [(1.0, 2**62), (1.3, 2**62), (1.0, 900)])
+def test_scaled_wpr_sweep_equals_the_plain_one(omega: float, max_work: int) -> None:
+    graph = copying_model_graph(800, 6.0, seed=29).to_linkgraph()
+    n0 = graph.num_ids
+    dangling = np.flatnonzero(graph.out_len[:n0] == 0)
+    # Pages no link reaches (scale 1), and pages linking only to pages without
+    # out-links (mode-2 columns, pushing into r_dangling).
+    fresh = np.array([graph.intern(f"https://fresh.example/{i}") for i in range(6)])
+    graph.apply(EdgeBatch(insert_src=np.repeat(fresh, 3), insert_dst=np.tile(dangling[:3], 6),
+                          removed_pages=np.arange(0, n0, 61, dtype=np.int32)))
+    ranks = LiveRanks(graph, algorithms=("wpr",), tolerance=1e-3)
+    ranks.cold_start()
+    engine = ranks.engines["wpr"]
+    n = graph.num_ids
+    assert (graph.in_len[:n] == 0).any() and (engine.so[:n][graph.out_len[:n] > 0] == 0).any()
+    engine.r[:n] += np.random.default_rng(30).normal(0.0, 0.1, n)
+    results = []
+    for scaled in (False, True):
+        y, r, r_dangling = engine.y.copy(), engine.r.copy(), np.zeros_like(engine.r)
+        touched, is_touched = np.zeros_like(engine.touched), np.zeros_like(engine.is_touched)
+        qstate = np.zeros_like(engine.qstate)
+        if scaled:
+            SK.to_scaled(n, r, r_dangling, engine.factor)
+            p, w, l1, peak, y_sum, y_max = SK.sweep_scaled(
+                engine.damping, 0.02, omega, n, y, r, r_dangling, graph.out_start,
+                graph.out_len, graph.out_nbr, engine.factor, engine.si, engine.so, touched,
+                qstate, is_touched, max_work)
+            SK.from_scaled(n, r, r_dangling, engine.factor)
+        else:
+            p, w, l1, peak, _, y_sum, y_max = K.sweep(
+                engine.kind, engine.damping, 0.02, omega, n, y, r, *engine.arrays(), touched,
+                qstate, is_touched, max_work, 0.0, NO_MODE)
+        results.append((p, w, sorted(touched[:qstate[K.T_COUNT]]), y[:n], r[:n],
+                        [l1, peak, y_sum, y_max]))
+    (p0, w0, t0, y0, r0, stats0), (p1, w1, t1, y1, r1, stats1) = results
+    assert (p0, w0, t0) == (p1, w1, t1) and 0 < p0 < n
+    np.testing.assert_allclose(y1, y0, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(r1, r0, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(stats1, stats0, rtol=1e-12)
+
+
+@pytest.mark.parametrize("algorithm", ["pagerank", "wpr"])
+def test_global_refresh_ends_from_a_queue_once_sweeps_thin_out(
+        algorithm: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tails = []
+    tail_pass = Refresh.tail_pass
+
+    def counted(self: Refresh) -> tuple[float, float]:
+        tails.append(self.sweeps)
+        return tail_pass(self)
+
+    monkeypatch.setattr(Refresh, "tail_pass", counted)
+    # Any share is safe; a large one makes the tail start early on a small graph.
+    monkeypatch.setattr(refresh, "TAIL_SHARE", 0.2)
+    graph = copying_model_graph(5000, 8.0, seed=33).to_linkgraph()
+    ranks = LiveRanks(graph, algorithms=(algorithm,), tolerance=1e-9, max_error=1e-9,
+                      local_work=0.0)
+    ranks.cold_start()
+    engine = ranks.engines[algorithm]
+    rng = np.random.default_rng(34)
+    for size in (30, 300):
+        tails.clear()
+        report = ranks.apply(random_edit_batch(graph, size, rng))[algorithm]
+        assert report.mode == "global" and report.fresh and tails and min(tails) >= 1
+        error = ranks.scores(algorithm) - exact(ranks, algorithm)
+        assert np.abs(error).sum() <= report.bound + 1e-9
+        assert np.abs(error).max() <= report.max_abs_bound + 1e-12
+        assert engine.recompute_residual() <= 1e-10
 
 
 def test_plain_sweeps_decide_relaxation_and_similar_batches_go_global_at_once() -> None:
