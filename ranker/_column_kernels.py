@@ -36,9 +36,15 @@ def set_factors(pages, in_len, out_len, factor):
     factor non-zero and its sign the page's kind (no branch per page in a sweep)."""
     for k in range(pages.size):
         m = pages[k]
-        deg = float(out_len[m])
-        weight = float(max(in_len[m], 1))
-        factor[m] = weight * deg if deg > 0.0 else -weight
+        factor[m] = _signed_factor(m, in_len, out_len)
+
+
+@njit(cache=True, inline="always")
+def _signed_factor(m, in_len, out_len):
+    """Page ``m``'s factor as :func:`set_factors` keeps it."""
+    deg = float(out_len[m])
+    weight = float(max(in_len[m], 1))
+    return weight * deg if deg > 0.0 else -weight
 
 
 @njit(cache=True)
@@ -95,7 +101,8 @@ def wpr_reweigh_columns(cols, is_source, changed, prev_in, prev_out, has_prev, d
         m = cols[k]
         if not is_source[m]:
             old_scale[k], old_mode[k] = _column_scale(KIND_WPR, m, out_len, si, so)
-    shift_sums(changed, is_source, prev_in, prev_out, in_start, in_len, in_nbr, out_len, si, so)
+    shift_sums(changed, is_source, prev_in, prev_out, in_start, in_len, in_nbr, out_len, si, so,
+               si[:0])
     work = 0
     dl1 = 0.0
     for k in range(cols.size):
@@ -132,7 +139,7 @@ def wpr_reweigh_columns(cols, is_source, changed, prev_in, prev_out, has_prev, d
 
 @njit(cache=True)
 def shift_sums(changed, is_source, prev_in, prev_out, in_start, in_len, in_nbr, out_len, si,
-               so):
+               so, pending):
     """Bring ``SI``/``SO`` of the pages whose out-row did NOT change up to date.
 
     Call after the graph changed. Such a page ``m`` keeps ``R(m)``, so its sums move
@@ -142,7 +149,36 @@ def shift_sums(changed, is_source, prev_in, prev_out, in_start, in_len, in_nbr, 
     pages, not the out-rows of every page that links to one of them (on 1M pages, a
     batch of 40k new links: 1.1M in-links against 6.3M out-links). Pages with
     ``is_source`` set have new out-rows and are re-summed by :func:`update_sums`.
+
+    A non-empty ``pending`` (all 0 on entry) gets each shifted column's scale before
+    the shift, for :mod:`ranker._deferred_reweigh`; returns whether some column may
+    have changed mode (its ``SO`` crossed 0), which that cannot handle.
     """
+    return _shift_sums_of(0, si.size, changed, is_source, prev_in, prev_out, in_start,
+                          in_len, in_nbr, out_len, si, so, pending)
+
+
+@njit(cache=True, parallel=True)
+def shift_sums_split(parts, changed, is_source, prev_in, prev_out, in_start, in_len, in_nbr,
+                     out_len, si, so, pending):
+    """:func:`shift_sums` split into ``parts`` (the kernel threads) by column id: each
+    reads every in-row and shifts only its own columns, so no two threads write the
+    same entry (1M pages, a 1k-link batch's 176k in-links: 6 -> 3.6-4.0 ms on two)."""
+    crossed = np.zeros(parts, dtype=np.bool_)
+    for part in numba.prange(parts):
+        lo = si.size * part // parts
+        hi = si.size * (part + 1) // parts
+        crossed[part] = _shift_sums_of(lo, hi, changed, is_source, prev_in, prev_out,
+                                       in_start, in_len, in_nbr, out_len, si, so, pending)
+    return crossed.any()
+
+
+@njit(cache=True)
+def _shift_sums_of(lo, hi, changed, is_source, prev_in, prev_out, in_start, in_len, in_nbr,
+                   out_len, si, so, pending):
+    """:func:`shift_sums` of the columns ``lo <= m < hi``."""
+    record = pending.size > 0
+    crossed = False
     for k in range(changed.size):
         p = changed[k]
         d_in = float(in_len[p] - prev_in[p])
@@ -152,9 +188,15 @@ def shift_sums(changed, is_source, prev_in, prev_out, in_start, in_len, in_nbr, 
         base = in_start[p]
         for i in range(in_len[p]):
             m = in_nbr[base + i]
-            if not is_source[m]:
-                si[m] += d_in
-                so[m] += d_out
+            if m < lo or m >= hi or is_source[m]:
+                continue
+            before = so[m]
+            if record and pending[m] == 0.0:  # scales are > 0: first visit
+                pending[m], _ = _column_scale(KIND_WPR, m, out_len, si, so)
+            si[m] += d_in
+            so[m] = before + d_out
+            crossed |= (before > 0.0) != (so[m] > 0.0)
+    return crossed
 
 
 @njit(cache=True)

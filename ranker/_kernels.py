@@ -291,13 +291,14 @@ def full_residual_pull(kind, damping, num_nodes, live, y, r, in_start, in_len, i
     return abs_stats(r, num_nodes)
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def stats_along(values, count, w, y):
     """``(sum |v|, max |v|, sum v*w, sum y, max y)`` of the first ``count`` entries
     (``sum v*w`` is 0 when ``w`` is empty, the last two when ``y`` is).
 
-    One pass: each sum is a chain of dependent adds, so up to four of them cost
-    about what one does (1M pages: 1.0 ms for all four, 1.0-2 ms for ``sum_max`` alone).
+    One pass split across the kernel threads (each sum is a chain of dependent adds,
+    so up to four of them cost about what one does): 1M pages, 0.6-0.8 ms on 2 cores
+    against 1.7-2.2 ms on one. A PageRank refresh runs one per sweep, a dozen or more.
     """
     total = 0.0
     peak = 0.0
@@ -306,17 +307,15 @@ def stats_along(values, count, w, y):
     y_max = 0.0
     weighted = w.size > 0
     scores = y.size > 0
-    for v in range(count):
+    for v in numba.prange(count):
         a = abs(values[v])
         total += a
-        if a > peak:
-            peak = a
+        peak = max(peak, a)
         if weighted:
             along += values[v] * w[v]
         if scores:
             y_sum += y[v]
-            if y[v] > y_max:
-                y_max = y[v]
+            y_max = max(y_max, y[v])
     return total, peak, along, y_sum, y_max
 
 
@@ -339,22 +338,35 @@ def sum_max(values, count):
     return total, peak
 
 
-@njit(cache=True)
-def collect_moved(touched, qstate, is_touched, live, y, published, threshold):
+@njit(cache=True, parallel=True)
+def collect_moved(parts, touched, qstate, is_touched, live, y, published, threshold):
     """Pages touched since the last call whose ``y`` moved more than ``threshold``.
 
     Updates ``published`` for them, clears the touched set; dead pages are skipped
-    (their removal is published separately).
+    (their removal is published separately). The touched list is split into
+    ``parts`` (the kernel threads; a global refresh touches most pages: 466k of 1M,
+    3.9 -> 2.4 ms on two threads), each compacting its moved pages in place.
     """
     count = qstate[T_COUNT]
     moved = np.empty(count, dtype=np.int32)
-    k = 0
-    for i in range(count):
-        m = touched[i]
-        is_touched[m] = False
-        if live[m] and abs(y[m] - published[m]) > threshold:
-            published[m] = y[m]
-            moved[k] = m
-            k += 1
+    found = np.zeros(parts, dtype=np.int64)
+    for part in numba.prange(parts):
+        lo = count * part // parts
+        hi = count * (part + 1) // parts
+        k = lo
+        for i in range(lo, hi):
+            m = touched[i]
+            is_touched[m] = False
+            if live[m] and abs(y[m] - published[m]) > threshold:
+                published[m] = y[m]
+                moved[k] = m
+                k += 1
+        found[part] = k - lo
+    total = 0
+    for part in range(parts):
+        lo = count * part // parts
+        for k in range(found[part]):  # forward: total <= lo
+            moved[total + k] = moved[lo + k]
+        total += found[part]
     qstate[T_COUNT] = 0
-    return moved[:k]
+    return moved[:total]

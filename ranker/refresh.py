@@ -19,7 +19,9 @@ WPR's, or PageRank's on a graph without such a mode, are over-relaxed
 (``SWEEP_OMEGA``) where plain ones were measured to converge slowly. Either stops as
 soon as ``||r||_1`` grows, and plain sweeps never raise it, so they always converge.
 WPR sweeps over its residual scaled by each page's factor (:mod:`ranker._scaled_sweep`,
-one random read per link instead of two). Once a sweep pushes only a few pages
+one random read per link instead of two); a large batch's re-weigh, if the absorb owed
+it, is paid into that scaled residual before the first sweep
+(:mod:`ranker._deferred_reweigh`). Once a sweep is predicted to push only a few pages
 (``TAIL_SHARE``), the refresh pushes the rest from a queue instead of sweeping again.
 """
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+import numba
 import numpy as np
 
 from ranker import _kernels as K
@@ -50,14 +53,17 @@ SWEEP_OMEGA = {"pagerank": 1.15, "wpr": 1.0}
 # paths (the DAG model: 0.31-0.47) it only adds overshoot (up to 2.5x slower).
 SLOW_SWEEP = 0.55
 PROBE_EVERY = 64
-# An uncapped refresh whose sweep pushed fewer than this share of the live pages
-# goes on from a queue of the pages above the threshold (Refresh.tail_pass) instead of
-# sweeping every page for them. 1M-page graphs, 1k-link batches: WPR's last 2-3
-# sweeps pushed a few hundred pages at 3-4 ms each (scan and statistics); from the
-# queue the refresh took 104-108 instead of 110-116 ms, and DAG PageRank 122-127
-# instead of 130-138. At 0.1 DAG PageRank took twice as long: its sweeps push ~5% of
-# the pages each, and FIFO order costs more per push than id order there.
-TAIL_SHARE = 0.01
+# An uncapped refresh whose next sweep would push fewer than this share of the live
+# pages (predicted from the last two sweeps' pushes, assuming they shrink at the same
+# rate) goes on from a queue of the pages above the threshold (Refresh.tail_pass)
+# instead of sweeping every page for them. Session 19: 2% with the prediction spares
+# WPR's fourth sweep (pushes 370k, 232k, 57k, then 6k for 5.5 ms) and DAG PageRank one
+# of nine (1k batches: 123 -> 105 ms); starting the queue a sweep earlier (20%) made
+# WPR slower (129 -> 138 ms). Session 18, 1% of the last sweep's pushes: WPR's last
+# 2-3 sweeps had pushed a few hundred pages at 3-4 ms each (scan and statistics), and
+# at 10% DAG PageRank took twice as long: its sweeps push ~5% of the pages each, and
+# FIFO order costs more per push than id order there.
+TAIL_SHARE = 0.02
 # A refresh with a work cap (``refresh(max_sweeps=...)``, the consumer's refresh after
 # a batch) cannot reach the tolerance on a large graph anyway, so its passes go
 # largest residuals first: the first visits only pages holding more than
@@ -117,6 +123,14 @@ class Refresh:
             self.mode = "global"
             K.clear_queue(e.queue, e.qstate, e.inq)
             e.global_from *= 1.06
+        # A large WPR batch's re-weigh may be owed to the sweeps; a refresh that does
+        # not start with them recomputes r instead (ranker._deferred_reweigh).
+        self.settle = e.owed is not None and self.mode == "global" and not self.capped
+        if self.settle:
+            e.prepare_owed()
+        elif e.owed is not None:
+            e.recompute()
+            self.l1 = e.l1
         if e.rescan and self.mode == "local":  # global sweeps visit every page anyway
             K.enqueue_above(self.n, self.eps, e.r, e.queue, e.qstate, e.inq)
         e.rescan = False
@@ -131,6 +145,7 @@ class Refresh:
         # converted before the first and back in report().
         self.scaled = False
         self.tail = False  # sweeps push only a few pages now: queue them instead
+        self.last_pushes = 0  # of the previous sweep
 
     def thresholds(self) -> tuple[float, float]:
         """(allowed ``||r||_1``, push threshold) for the current sum and max of ``y``."""
@@ -183,6 +198,9 @@ class Refresh:
             if not self.scaled:
                 SK.to_scaled(self.n, e.r, e.r_dangling, e.factor)
                 self.scaled = True
+            if self.settle:
+                self.work += e.settle_owed(self.n)
+                self.settle = False
             p, w, self.l1, self.peak, y_sum, y_max = SK.sweep_scaled(
                 e.damping, threshold, self.omega, self.n, e.y, e.r, e.r_dangling,
                 g.out_start, g.out_len, g.out_nbr, e.factor, e.si, e.so, e.touched,
@@ -205,7 +223,10 @@ class Refresh:
         self.pushes += p
         self.work += w
         self.sweeps += 1
-        self.tail = not self.capped and p < TAIL_SHARE * self.live_count
+        # The next sweep's pushes, if they shrink as they just did.
+        coming = p * p / self.last_pushes if self.last_pushes > p else p
+        self.last_pushes = p
+        self.tail = not self.capped and coming < TAIL_SHARE * self.live_count
         return y_sum, y_max
 
     def tail_pass(self) -> tuple[float, float]:
@@ -275,8 +296,8 @@ class Refresh:
             e.global_runs += 1
         if not self.lowered and self.l1 < 0.25 * self.target:
             e.eps_scale *= 2.0  # plenty of room: push less next time
-        moved = K.collect_moved(e.touched, e.qstate, e.is_touched, g.live_mask(), e.y,
-                                e.published, e.publish_threshold)
+        moved = K.collect_moved(numba.get_num_threads(), e.touched, e.qstate, e.is_touched,
+                                g.live_mask(), e.y, e.published, e.publish_threshold)
         e.total = self.total
         e.y_max = self.y_max
         e.bound = self.l1 / (1.0 - d)

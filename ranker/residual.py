@@ -18,15 +18,18 @@ and only change weight, so they are re-weighed in one pass after the change
 (:func:`ranker._column_kernels.wpr_reweigh_columns`) instead of a retract and an
 absorb pass plus a re-summation of ``SI``/``SO``. When those columns hold more than
 ``FULL_RESIDUAL_SHARE`` of all links (a growing graph whose new links go to hubs),
-``SI``, ``SO`` and ``r`` are recomputed in one in-order pass instead, which costs
-less than re-weighing that many columns one by one.
+the re-weigh is owed to the next refresh's first sweep instead
+(:mod:`ranker._deferred_reweigh`), or, where that cannot be, ``r`` is recomputed in
+one in-order pass, which costs less than re-weighing that many columns one by one.
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from ranker import _column_kernels as CK
+from ranker import _deferred_reweigh as DR
 from ranker import _graph_kernels as GK
 from ranker import _kernels as K
 from ranker.bounds import push_thresholds
@@ -77,6 +80,10 @@ class ResidualEngine:
         # WPR's SI, SO and signed per-target factors (CK.set_factors).
         self.si, self.so, self.factor = np.zeros(0), np.zeros(0), np.zeros(0)
         self.r_dangling = np.zeros(0)  # WPR's sweeps: see ranker._scaled_sweep
+        # WPR columns' old scales, while their re-weigh is owed to the next refresh's
+        # sweeps (ranker._deferred_reweigh); 0 where nothing is owed.
+        self.pending = np.zeros(0)
+        self.owed: tuple[np.ndarray, np.ndarray] | None = None  # (sources, ends)
         self.base = np.zeros(0)  # b: 1 - d on live pages, 0 elsewhere
         self.inq = np.zeros(0, dtype=np.bool_)
         self.is_touched = np.zeros(0, dtype=np.bool_)
@@ -93,7 +100,8 @@ class ResidualEngine:
         self.rescan = False  # queue every page above the threshold at the next refresh
         # r awaits a recomputation at the next refresh: column updates meanwhile are skipped.
         self.stale = False
-        # WPR's SI, SO and factors match the graph: every batch, stale or not, keeps them.
+        # WPR's SI, SO and factors match the graph: every batch, stale or not, keeps them
+        # (the factors of an owed batch's ends once the refresh prepares or drops it).
         self.sums_exact = False
         self.eps_scale = 1.0  # push threshold in units of its floor (adapted per refresh)
         self.total = self.y_max = self.bound = 0.0
@@ -106,7 +114,7 @@ class ResidualEngine:
         if num_ids <= self._cap:
             return
         cap = max(num_ids, self._cap + (self._cap >> 1), 16)
-        wpr_only = ("factor", "r_dangling") if self.kind == K.KIND_WPR else ()
+        wpr_only = ("factor", "r_dangling", "pending") if self.kind == K.KIND_WPR else ()
         for name in ("y", "r", "published", "si", "so", "base", "inq", "is_touched", "touched",
                      "is_marked", "is_source", "has_prev", "prev_in", "prev_out", *wpr_only):
             old = getattr(self, name)
@@ -148,6 +156,10 @@ class ResidualEngine:
         if self.kind == K.KIND_PAGERANK:
             return sources
         ends = np.concatenate([sources, targets]).astype(np.int32)
+        if self.owed is not None:
+            # r lacks the previous batch's owed re-weigh: this one cannot build on it.
+            self.stale = True
+            self._drop_owed()
         if self.stale:
             # r waits for the next refresh's recomputation; only SI and SO are kept.
             self._plan = (sorted_unique(sources).astype(np.int32), sorted_unique(ends), sources)
@@ -207,11 +219,11 @@ class ResidualEngine:
             if reweigh > FULL_RESIDUAL_SHARE * g.num_links:
                 # Growing graphs send many links to hubs, each re-weighing every
                 # in-neighbour of the hub (1M pages, 50k new links: 614k columns,
-                # 0.55 s). The recomputation is left to the next refresh, so batches
-                # absorbed without one in between (LiveRanks.absorb) share it.
-                self.stale = True
+                # 0.55 s). The first sweep pays it (or, failing that, the next
+                # refresh recomputes r, once for batches absorbed without one in
+                # between, LiveRanks.absorb).
                 self.pending_work += reweigh
-                self._keep_sums(plan)
+                self.stale = not self._owe_reweigh(plan)
             else:
                 CK.update_sums(sources, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si,
                                self.so)
@@ -234,27 +246,77 @@ class ResidualEngine:
             self._add_columns(cols, 1.0)
         self._forget_removed(applied.removed_pages, live)
 
-    def _keep_sums(self, plan: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
+    def _owe_reweigh(self, plan: tuple[np.ndarray, np.ndarray, np.ndarray]) -> bool:
+        """Keep the sums after the graph changed and owe the re-weigh of the plan's
+        columns to the next refresh (:mod:`ranker._deferred_reweigh`): the batch's
+        ends keep their old factors until :meth:`prepare_owed` or :meth:`_drop_owed`.
+        False if a column may change mode: then ``r`` needs a recompute."""
+        sources, changed, _ = plan
+        self.owed = (sources, changed)
+        if self._keep_sums(plan, self.pending):
+            self._drop_owed()
+            return False
+        return True
+
+    def prepare_owed(self) -> None:
+        """For a refresh about to sweep: the batch's ends get their new factors and
+        residual, the sources their new columns; what stays owed is ``pending``,
+        paid by :meth:`settle_owed` over the scaled residual."""
+        assert self.owed is not None
+        g = self.graph
+        sources, changed = self.owed
+        flipped = DR.rescale_ends(changed, g.in_len, g.out_len, self.factor, self.base,
+                                  self.y, self.r)
+        self._add_columns(sources, 1.0)
+        DR.pull_pages(flipped, self.damping, self.y, self.r, self.base, g.in_start, g.in_len,
+                      g.in_nbr, g.out_len, self.si, self.so, self.pending)
+
+    def settle_owed(self, num_ids: int) -> int:
+        """Pay the owed re-weigh into the scaled residual (:mod:`ranker._scaled_sweep`,
+        after :meth:`prepare_owed`); returns the link visits."""
+        g = self.graph
+        self.owed = None
+        return DR.settle_scaled(numba.get_num_threads(), num_ids, self.damping, self.y,
+                                self.r, self.r_dangling, g.out_start, g.out_len, g.out_nbr,
+                                self.si, self.so, self.pending)
+
+    def _drop_owed(self) -> None:
+        """Forget an owed re-weigh (``r`` is about to be recomputed in full); the
+        batch's ends get their new factors (again, if prepared: the same ones)."""
+        if self.owed is not None:
+            g = self.graph
+            CK.set_factors(self.owed[1], g.in_len, g.out_len, self.factor)
+            self.pending[:] = 0.0
+            self.owed = None
+
+    def _keep_sums(self, plan: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+                   pending: np.ndarray | None = None) -> bool:
         """Bring WPR's SI, SO and factors up to date after a batch whose r is left stale.
 
         The changed sources are re-summed; every other page only shifts by the degree
         changes of the pages it links to (:func:`ranker._column_kernels.shift_sums`):
         on 1M pages, 40k + 1.1M link visits per batch of 40k new links instead of all 8M.
         Without the batch's plan the sums are re-summed at the next recomputation.
+        With ``pending`` the shifted columns' old scales are noted there and the
+        factors left to the caller; returns whether a column may have changed mode.
         """
         if self.kind != K.KIND_WPR:
-            return
+            return False
         if plan is None:
             self.sums_exact = False
-            return
+            return False
         g = self.graph
         sources, changed, _ = plan
         CK.update_sums(sources, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si, self.so)
-        CK.shift_sums(changed, self.is_source, self.prev_in, self.prev_out, g.in_start,
-                      g.in_len, g.in_nbr, g.out_len, self.si, self.so)
-        CK.set_factors(changed, g.in_len, g.out_len, self.factor)
+        crossed = CK.shift_sums_split(numba.get_num_threads(), changed, self.is_source,
+                                      self.prev_in, self.prev_out, g.in_start, g.in_len,
+                                      g.in_nbr, g.out_len, self.si, self.so,
+                                      self.si[:0] if pending is None else pending)
+        if pending is None:
+            CK.set_factors(changed, g.in_len, g.out_len, self.factor)
         self.is_source[sources] = False
         self.has_prev[changed] = False
+        return bool(crossed)
 
     def _forget_removed(self, removed: np.ndarray, live: np.ndarray) -> None:
         dead = removed[~live[removed]]
@@ -292,6 +354,7 @@ class ResidualEngine:
         g, n = self.graph, self.graph.num_ids
         self.ensure(n)
         live = g.live_mask()[:n]  # the consumer may intern more ids meanwhile
+        self._drop_owed()
         self.base[:n] = np.where(live, 1.0 - self.damping, 0.0)
         if self.kind == K.KIND_WPR and not self.sums_exact:
             CK.all_sums(n, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si, self.so)
