@@ -142,9 +142,10 @@ def test_scaled_wpr_sweep_equals_the_plain_one(omega: float, max_work: int) -> N
     np.testing.assert_allclose(stats1, stats0, rtol=1e-12)
 
 
-@pytest.mark.parametrize("algorithm", ["pagerank", "wpr"])
+@pytest.mark.parametrize(("algorithm", "acyclic"), [("pagerank", True), ("wpr", False),
+                                                  ("pagerank", False)])
 def test_global_refresh_ends_from_a_queue_once_sweeps_thin_out(
-        algorithm: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        algorithm: str, acyclic: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     tails = []
     tail_pass = Refresh.tail_pass
 
@@ -155,7 +156,7 @@ def test_global_refresh_ends_from_a_queue_once_sweeps_thin_out(
     monkeypatch.setattr(Refresh, "tail_pass", counted)
     # Any share is safe; a large one makes the tail start early on a small graph.
     monkeypatch.setattr(refresh, "TAIL_SHARE", 0.2)
-    graph = copying_model_graph(5000, 8.0, seed=33).to_linkgraph()
+    graph = copying_model_graph(5000, 8.0, seed=33, acyclic=acyclic).to_linkgraph()
     ranks = LiveRanks(graph, algorithms=(algorithm,), tolerance=1e-9, max_error=1e-9,
                       local_work=0.0)
     ranks.cold_start()
@@ -164,7 +165,13 @@ def test_global_refresh_ends_from_a_queue_once_sweeps_thin_out(
     for size in (30, 300):
         tails.clear()
         report = ranks.apply(random_edit_batch(graph, size, rng))[algorithm]
-        assert report.mode == "global" and report.fresh and tails and min(tails) >= 1
+        assert report.mode == "global" and report.fresh
+        if algorithm == "pagerank" and not acyclic:
+            # Its sweeps remove the dominant mode, which the queue's pushes cannot:
+            # they keep sweeping (from the queue: 10x the pushes on 1M pages).
+            assert engine.mode is not None and engine.mode.available and not tails
+        else:
+            assert tails and min(tails) >= 1
         error = ranks.scores(algorithm) - exact(ranks, algorithm)
         assert np.abs(error).sum() <= report.bound + 1e-9
         assert np.abs(error).max() <= report.max_abs_bound + 1e-12
