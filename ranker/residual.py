@@ -48,6 +48,14 @@ ALGORITHM_KINDS = {"pagerank": K.KIND_PAGERANK, "wpr": K.KIND_WPR}
 # graph, 1k-link batches (17-24% re-weighed): 297 ms per batch at 0.25, 213 at 0.10,
 # 206 at 0.05 (one kernel thread: 310, 228).
 FULL_RESIDUAL_SHARE = 0.08
+# Above that, up to this share the re-weigh is owed to the refresh's sweeps instead
+# (ranker._deferred_reweigh), whose settle costs ~8 ns per re-weighed link on two
+# threads (11 on one) against ~3 ns (5.6) per link of the graph for the full pull.
+# 1M-page cyclic graph: 1k-link batches re-weigh 24% of the links (owed: 111 against
+# 150 ms per batch), 3k-link ones 37% (160-161 ms either way), 10k-link ones 58%
+# (pull 205-208, owed 210-212 ms), and the consumer's 50k-link ones 89%, where
+# noting what is owed would only add to an absorb whose capped refresh pulls anyway.
+OWED_SHARE = 0.35
 
 
 def _ring_size(count: int) -> int:
@@ -223,7 +231,11 @@ class ResidualEngine:
                 # refresh recomputes r, once for batches absorbed without one in
                 # between, LiveRanks.absorb).
                 self.pending_work += reweigh
-                self.stale = not self._owe_reweigh(plan)
+                if reweigh < OWED_SHARE * g.num_links:
+                    self.stale = not self._owe_reweigh(plan)
+                else:
+                    self.stale = True
+                    self._keep_sums(plan)
             else:
                 CK.update_sums(sources, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si,
                                self.so)

@@ -16,8 +16,9 @@ from tests.unit.test_residual import assert_sums_exact, exact
 
 @pytest.fixture(autouse=True)
 def every_batch_owes(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every batch with a plan takes the large-batch path, however small the graph.
+    # Every batch with a plan is owed, however small the graph or large the batch.
     monkeypatch.setattr(residual, "FULL_RESIDUAL_SHARE", 0.0)
+    monkeypatch.setattr(residual, "OWED_SHARE", np.inf)
 
 
 def _wpr(graph: LinkGraph) -> LiveRanks:
@@ -112,3 +113,18 @@ def test_a_column_changing_mode_sends_the_batch_to_a_recompute() -> None:
     report = engine.refresh(mode="global")
     assert report.fresh and engine.recompute_residual() <= 1e-12
     assert np.abs(ranks.scores("wpr") - exact(ranks, "wpr")).sum() <= report.bound + 1e-9
+
+
+def test_a_batch_re_weighing_most_links_is_recomputed_instead(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Past OWED_SHARE of the links the full pull costs less than the settle would.
+    monkeypatch.setattr(residual, "OWED_SHARE", 0.35)
+    graph = copying_model_graph(3000, 8.0, seed=65).to_linkgraph()
+    ranks = _wpr(graph)
+    engine = ranks.engines["wpr"]
+    rng = np.random.default_rng(66)
+    ranks.absorb(random_edit_batch(graph, 3000, rng))
+    assert engine.stale and engine.owed is None and not engine.pending.any()
+    assert_sums_exact(ranks)
+    report = engine.refresh(mode="global")
+    assert report.fresh and engine.recompute_residual() <= 1e-12

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ranker import residual
 from ranker.bounds import MIN_TOLERANCE
 from ranker.edge_batches import EdgeBatch
 from ranker.incremental import LiveRanks
@@ -199,6 +201,21 @@ def test_accelerated_sweeps_give_the_same_guarantee(
     ring = [(i, (i + k) % size) for i in range(size) for k in (1, 2, 4)]
     run_scenario(size, ring + edges, batches, tolerance=1e-8, damping=damping,
                  local_work=0.0, accelerate=True)
+
+
+@SETTINGS
+@given(size=st.integers(2, 10), edges=pairs, batches=st.lists(steps, min_size=1, max_size=5),
+       refresh_every=st.integers(1, 2), max_sweeps=st.sampled_from([None, 0.5]))
+def test_owed_wpr_re_weighs_give_the_same_guarantee(
+        size: int, edges: list[tuple[int, int]], batches: list[Step], refresh_every: int,
+        max_sweeps: float | None) -> None:
+    # Every WPR batch's re-weigh owed to the sweeps (ranker._deferred_reweigh), paid
+    # by the next uncapped refresh, recomputed by a capped one or a second batch.
+    with mock.patch.object(residual, "FULL_RESIDUAL_SHARE", 0.0), \
+            mock.patch.object(residual, "OWED_SHARE", np.inf):
+        run_scenario(size, edges, batches, refresh_every=refresh_every,
+                     max_sweeps=max_sweeps, tolerance=1e-8, local_work=0.0,
+                     algorithms=("wpr",))
 
 
 @SETTINGS
