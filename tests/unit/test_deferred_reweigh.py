@@ -118,7 +118,7 @@ def test_a_column_changing_mode_sends_the_batch_to_a_recompute() -> None:
 def test_a_batch_re_weighing_most_links_is_recomputed_instead(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Past OWED_SHARE of the links the full pull costs less than the settle would.
-    monkeypatch.setattr(residual, "OWED_SHARE", 0.35)
+    monkeypatch.setattr(residual, "OWED_SHARE", 0.45)
     graph = copying_model_graph(3000, 8.0, seed=65).to_linkgraph()
     ranks = _wpr(graph)
     engine = ranks.engines["wpr"]
