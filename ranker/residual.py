@@ -18,9 +18,10 @@ and only change weight, so they are re-weighed in one pass after the change
 (:func:`ranker._column_kernels.wpr_reweigh_columns`) instead of a retract and an
 absorb pass plus a re-summation of ``SI``/``SO``. When those columns hold more than
 ``FULL_RESIDUAL_SHARE`` of all links (a growing graph whose new links go to hubs),
-the re-weigh is owed to the next refresh's first sweep instead
-(:mod:`ranker._deferred_reweigh`), or, where that cannot be, ``r`` is recomputed in
-one in-order pass, which costs less than re-weighing that many columns one by one.
+the re-weigh is owed to the next refresh, which pays it over the scaled residual
+before its first sweep (:mod:`ranker._deferred_reweigh`), or, where that cannot be,
+``r`` is recomputed in one in-order pass, which costs less than re-weighing that
+many columns one by one.
 """
 
 from __future__ import annotations
@@ -228,9 +229,9 @@ class ResidualEngine:
             if reweigh > FULL_RESIDUAL_SHARE * g.num_links:
                 # Growing graphs send many links to hubs, each re-weighing every
                 # in-neighbour of the hub (1M pages, 50k new links: 614k columns,
-                # 0.55 s). The first sweep pays it (or, failing that, the next
-                # refresh recomputes r, once for batches absorbed without one in
-                # between, LiveRanks.absorb).
+                # 0.55 s). A sweeping refresh pays it before its first sweep (or,
+                # failing that, the next refresh recomputes r, once for batches
+                # absorbed without one in between, LiveRanks.absorb).
                 self.pending_work += reweigh
                 if reweigh < OWED_SHARE * g.num_links:
                     self.stale = not self._owe_reweigh(plan)
