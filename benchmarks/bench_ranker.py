@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import igraph
 import networkx as nx
@@ -48,6 +49,7 @@ import numpy as np
 from benchmarks.ranker_table import HEADER, LEGEND, Row, crossover, format_row, row_details
 from ranker import _kernels as K
 from ranker import _scaled_sweep as SK
+from ranker import _split_sweep as SS
 from ranker.dominant_mode import NO_MODE
 from ranker.edge_batches import EdgeBatch
 from ranker.incremental import LiveRanks
@@ -173,9 +175,11 @@ def warm_up_kernels() -> None:
     ranks.cold_start()
     rng = np.random.default_rng(0)
     ranks.apply(random_edit_batch(graph, 20, rng))
-    ranks.apply(random_edit_batch(graph, 2000, rng))
-    for algorithm in ALGORITHMS:
-        time_one_sweep(ranks, algorithm)
+    # The two-thread sweeps too, which a graph this small would not use.
+    with mock.patch.object(SS, "SPLIT_MIN_PAGES", 0):
+        ranks.apply(random_edit_batch(graph, 2000, rng))
+        for algorithm in ALGORITHMS:
+            time_one_sweep(ranks, algorithm)
     graph.compact()
 
 
@@ -183,11 +187,14 @@ def time_one_sweep(ranks: LiveRanks, algorithm: str) -> float:
     """Seconds of ONE Gauss-Seidel sweep pushing every page (on copies of the state).
 
     When most pages' exact ``y`` moves by more than the accuracy, every one of them
-    must be pushed at least once, so a refresh cannot cost less than this.
+    must be pushed at least once, so a refresh cannot cost less than this. The sweep
+    is the refresh's own: over WPR's scaled residual (ranker._scaled_sweep), and on two
+    threads where the refresh's would be (ranker._split_sweep).
     """
     engine = ranks.engines[algorithm]
     graph = ranks.graph
     n = graph.num_ids
+    split = SS.wanted(n)
     best = np.inf
     for _ in range(2):
         y, r = engine.y.copy(), engine.r.copy()
@@ -195,13 +202,24 @@ def time_one_sweep(ranks: LiveRanks, algorithm: str) -> float:
         touched = np.zeros_like(engine.touched)
         is_touched = np.zeros_like(engine.is_touched)
         qstate = np.zeros_like(engine.qstate)
-        if engine.kind == K.KIND_WPR:  # the refresh's own sweep (ranker._scaled_sweep)
+        cross, cross_dangling = np.zeros_like(r), np.zeros_like(r)
+        scratch = np.zeros_like(engine.touched)
+        if engine.kind == K.KIND_WPR:
             r_dangling = np.zeros_like(r)
             SK.to_scaled(n, r, r_dangling, engine.factor)
+            arrays = (DAMPING, 0.0, 1.0, n, y, r, r_dangling, graph.out_start, graph.out_len,
+                      graph.out_nbr, engine.factor, engine.si, engine.so, touched, qstate,
+                      is_touched)
             started = time.perf_counter()
-            SK.sweep_scaled(DAMPING, 0.0, 1.0, n, y, r, r_dangling, graph.out_start,
-                            graph.out_len, graph.out_nbr, engine.factor, engine.si, engine.so,
-                            touched, qstate, is_touched, 2**62)
+            if split:
+                SS.split_sweep_scaled(*arrays, cross, cross_dangling, scratch)
+            else:
+                SK.sweep_scaled(*arrays, 2**62)
+        elif split:
+            started = time.perf_counter()
+            SS.split_sweep(DAMPING, 0.0, 1.0, n, y, r, graph.out_start, graph.out_len,
+                           graph.out_nbr, touched, qstate, is_touched, 0.0, NO_MODE, cross,
+                           scratch)
         else:
             started = time.perf_counter()
             K.sweep(engine.kind, DAMPING, 0.0, 1.0, n, y, r, *engine.arrays(), touched,

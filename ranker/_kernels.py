@@ -292,9 +292,10 @@ def full_residual_pull(kind, damping, num_nodes, live, y, r, in_start, in_len, i
 
 
 @njit(cache=True, parallel=True)
-def stats_along(values, count, w, y):
+def stats_along(values, count, w, y, cross=None):
     """``(sum |v|, max |v|, sum v*w, sum y, max y)`` of the first ``count`` entries
-    (``sum v*w`` is 0 when ``w`` is empty, the last two when ``y`` is).
+    (``sum v*w`` is 0 when ``w`` is empty, the last two when ``y`` is). ``cross``, if
+    given, is first added into ``values`` and zeroed (:mod:`ranker._split_sweep`).
 
     One pass split across the kernel threads (each sum is a chain of dependent adds,
     so up to four of them cost about what one does): 1M pages, 0.6-0.8 ms on 2 cores
@@ -308,6 +309,9 @@ def stats_along(values, count, w, y):
     weighted = w.size > 0
     scores = y.size > 0
     for v in numba.prange(count):
+        if cross is not None:
+            values[v] += cross[v]
+            cross[v] = 0.0
         a = abs(values[v])
         total += a
         peak = max(peak, a)

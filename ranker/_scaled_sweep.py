@@ -103,13 +103,20 @@ def sweep_scaled(damping, eps, omega, num_nodes, y, r, r_dangling, out_start, ou
 
 
 @njit(cache=True, parallel=True)
-def scaled_stats(num_nodes, r, r_dangling, factor, y):
-    """``(sum |r|, max |r|, sum y, max y)`` of the plain residual, from the scaled one."""
+def scaled_stats(num_nodes, r, r_dangling, factor, y, cross=None, cross_dangling=None):
+    """``(sum |r|, max |r|, sum y, max y)`` of the plain residual, from the scaled one.
+    ``cross`` and ``cross_dangling``, if given, are first added into ``r`` and
+    ``r_dangling`` and zeroed (:mod:`ranker._split_sweep`)."""
     total = 0.0
     peak = 0.0
     y_sum = 0.0
     y_max = 0.0
     for v in numba.prange(num_nodes):
+        if cross is not None and cross_dangling is not None:
+            r[v] += cross[v]
+            cross[v] = 0.0
+            r_dangling[v] += cross_dangling[v]
+            cross_dangling[v] = 0.0
         f = factor[v]
         a = abs(r[v] * max(f, 0.0)) + abs(r_dangling[v] * min(f, 0.0))
         total += a

@@ -186,7 +186,10 @@ class DominantMode:
         if not self.available:
             return 0.0
         if self._ww is None:
-            self._ww = float(np.dot(self.w, self.w))
+            # Not np.dot: OpenBLAS's threads spin for ~50 ms after a call and took the
+            # second core from the next two-thread sweeps (ranker._split_sweep: 26 ->
+            # 50-120 ms each on 1M pages).
+            self._ww = K.stats_along(self.w, self.w.size, self.w, NO_MODE)[2]
         return -along / self._ww if self._ww > 0.0 else 0.0
 
     def deflation(self, y: np.ndarray, n: int) -> Deflation:

@@ -23,6 +23,9 @@ one random read per link instead of two); a large batch's re-weigh, if the absor
 it, is paid into that scaled residual before the first sweep
 (:mod:`ranker._deferred_reweigh`). Once a sweep is predicted to push only a few pages
 (``TAIL_SHARE``), the refresh pushes the rest from a queue instead of sweeping again.
+An uncapped refresh of a large graph sweeps on two threads where the calling thread's
+kernels may use two (:mod:`ranker._split_sweep`); a capped one, such as the consumer's,
+keeps to one.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import numpy as np
 
 from ranker import _kernels as K
 from ranker import _scaled_sweep as SK
+from ranker import _split_sweep as SS
 from ranker.bounds import max_abs_bound
 from ranker.dominant_mode import Deflation
 from ranker.results import RefreshReport
@@ -145,6 +149,7 @@ class Refresh:
         # converted before the first and back in report().
         self.scaled = False
         self.tail = False  # sweeps push only a few pages now: queue them instead
+        self.split = not self.capped and SS.wanted(self.n)  # sweeps on two threads
         self.last_pushes = 0  # of the previous sweep
 
     def thresholds(self) -> tuple[float, float]:
@@ -201,11 +206,23 @@ class Refresh:
             if self.settle:
                 self.work += e.settle_owed(self.n)
                 self.settle = False
-            p, w, self.l1, self.peak, y_sum, y_max = SK.sweep_scaled(
-                e.damping, threshold, self.omega, self.n, e.y, e.r, e.r_dangling,
-                g.out_start, g.out_len, g.out_nbr, e.factor, e.si, e.so, e.touched,
-                e.qstate, e.is_touched, budget)
+            if self.split:
+                p, w, self.l1, self.peak, y_sum, y_max = SS.split_sweep_scaled(
+                    e.damping, threshold, self.omega, self.n, e.y, e.r, e.r_dangling,
+                    g.out_start, g.out_len, g.out_nbr, e.factor, e.si, e.so, e.touched,
+                    e.qstate, e.is_touched, *e.split_buffers())
+            else:
+                p, w, self.l1, self.peak, y_sum, y_max = SK.sweep_scaled(
+                    e.damping, threshold, self.omega, self.n, e.y, e.r, e.r_dangling,
+                    g.out_start, g.out_len, g.out_nbr, e.factor, e.si, e.so, e.touched,
+                    e.qstate, e.is_touched, budget)
             along = 0.0
+        elif self.split:
+            cross, _, scratch = e.split_buffers()
+            p, w, self.l1, self.peak, along, y_sum, y_max = SS.split_sweep(
+                e.damping, threshold, self.omega, self.n, e.y, e.r, g.out_start, g.out_len,
+                g.out_nbr, e.touched, e.qstate, e.is_touched, self.deflation.shift,
+                self.deflation.w, cross, scratch)
         else:
             p, w, self.l1, self.peak, along, y_sum, y_max = K.sweep(
                 e.kind, e.damping, threshold, self.omega, self.n, e.y, e.r, *e.arrays(),

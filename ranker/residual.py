@@ -94,6 +94,10 @@ class ResidualEngine:
         # sweeps (ranker._deferred_reweigh); 0 where nothing is owed.
         self.pending = np.zeros(0)
         self.owed: tuple[np.ndarray, np.ndarray] | None = None  # (sources, ends)
+        # Two-thread sweeps' buffers (ranker._split_sweep), allocated at their first
+        # use (20 bytes a page for WPR, 12 for PageRank) and grown with the rest.
+        self.cross, self.cross_dangling = np.zeros(0), np.zeros(0)
+        self.split_scratch = np.zeros(0, dtype=np.int32)
         self.base = np.zeros(0)  # b: 1 - d on live pages, 0 elsewhere
         self.inq = np.zeros(0, dtype=np.bool_)
         self.is_touched = np.zeros(0, dtype=np.bool_)
@@ -125,8 +129,12 @@ class ResidualEngine:
             return
         cap = max(num_ids, self._cap + (self._cap >> 1), 16)
         wpr_only = ("factor", "r_dangling", "pending") if self.kind == K.KIND_WPR else ()
+        split: tuple[str, ...] = ("cross", "split_scratch") if self.cross.size else ()
+        if split and self.kind == K.KIND_WPR:
+            split += ("cross_dangling",)
         for name in ("y", "r", "published", "si", "so", "base", "inq", "is_touched", "touched",
-                     "is_marked", "is_source", "has_prev", "prev_in", "prev_out", *wpr_only):
+                     "is_marked", "is_source", "has_prev", "prev_in", "prev_out", *wpr_only,
+                     *split):
             old = getattr(self, name)
             new = np.zeros(cap, dtype=old.dtype)
             new[: old.size] = old
@@ -145,6 +153,16 @@ class ResidualEngine:
             self.queue = queue
             self.qstate[K.Q_HEAD] = 0
         self._cap = cap
+
+    def split_buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(cross, cross_dangling, scratch)`` of the two-thread sweeps, all zero
+        (:mod:`ranker._split_sweep`); allocated on the first call."""
+        if not self.cross.size:
+            self.cross = np.zeros(self._cap)
+            wpr = self.kind == K.KIND_WPR
+            self.cross_dangling = np.zeros(self._cap if wpr else 0)
+            self.split_scratch = np.zeros(self._cap, dtype=np.int32)
+        return self.cross, self.cross_dangling, self.split_scratch
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                               np.ndarray]:

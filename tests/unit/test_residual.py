@@ -8,6 +8,7 @@ import pytest
 from ranker import _column_kernels as CK
 from ranker import _kernels as K
 from ranker import _scaled_sweep as SK
+from ranker import _split_sweep as SS
 from ranker import refresh, residual
 from ranker.dominant_mode import NO_MODE
 from ranker.edge_batches import EdgeBatch
@@ -140,6 +141,60 @@ def test_scaled_wpr_sweep_equals_the_plain_one(omega: float, max_work: int) -> N
     np.testing.assert_allclose(y1, y0, rtol=0, atol=1e-13)
     np.testing.assert_allclose(r1, r0, rtol=0, atol=1e-13)
     np.testing.assert_allclose(stats1, stats0, rtol=1e-12)
+
+
+@pytest.mark.parametrize(("algorithm", "shift"), [("pagerank", 0.0), ("pagerank", 0.3),
+                                                ("wpr", 0.0)])
+def test_two_thread_sweep_keeps_the_residual_and_touches_what_it_pushes(
+        algorithm: str, shift: float) -> None:
+    graph = copying_model_graph(3001, 6.0, seed=33).to_linkgraph()  # odd: unequal halves
+    n0 = graph.num_ids
+    dangling = np.flatnonzero(graph.out_len[:n0] == 0)
+    fresh = np.array([graph.intern(f"https://fresh.example/{i}") for i in range(6)])
+    graph.apply(EdgeBatch(insert_src=np.repeat(fresh, 3), insert_dst=np.tile(dangling[:3], 6),
+                          removed_pages=np.arange(0, n0, 61, dtype=np.int32)))
+    ranks = LiveRanks(graph, algorithms=(algorithm,), tolerance=1e-3)
+    ranks.cold_start()
+    engine = ranks.engines[algorithm]
+    n = graph.num_ids
+    engine.y[:n] += np.random.default_rng(34).normal(0.0, 0.1, n)  # any y will do
+    w = np.random.default_rng(35).normal(0.0, 0.01, engine.r.size) if shift else NO_MODE
+    engine.recompute_residual()
+    before = engine.y.copy()
+    engine.touched[0] = 7  # already touched before the sweep: kept, not repeated
+    engine.is_touched[7] = True
+    engine.qstate[K.T_COUNT] = 1
+    cross, cross_dangling, scratch = engine.split_buffers()
+    g = graph
+    if algorithm == "wpr":
+        SK.to_scaled(n, engine.r, engine.r_dangling, engine.factor)
+        p, work, l1, peak, y_sum, y_max = SS.split_sweep_scaled(
+            engine.damping, 0.02, 1.0, n, engine.y, engine.r, engine.r_dangling, g.out_start,
+            g.out_len, g.out_nbr, engine.factor, engine.si, engine.so, engine.touched,
+            engine.qstate, engine.is_touched, cross, cross_dangling, scratch)
+        SK.from_scaled(n, engine.r, engine.r_dangling, engine.factor)
+    else:
+        p, work, l1, peak, along, y_sum, y_max = SS.split_sweep(
+            engine.damping, 0.02, 1.0, n, engine.y, engine.r, g.out_start, g.out_len,
+            g.out_nbr, engine.touched, engine.qstate, engine.is_touched, shift, w, cross,
+            scratch)
+        if shift:
+            np.testing.assert_allclose(along, float(np.dot(engine.r[:n], w[:n])), rtol=1e-9)
+            engine.r[:n] -= shift * w[:n]  # r of y alone: the shift is the caller's to move
+    assert not cross.any() and not cross_dangling.any()
+    r = engine.r[:n].copy()
+    expected = _residual_reference(graph, engine.kind, engine.damping, engine.y, engine.si[:n],
+                                   engine.so[:n])
+    np.testing.assert_allclose(r, expected, rtol=0, atol=1e-12)
+    pushed = np.flatnonzero(engine.y[:n] != before[:n])
+    touched = engine.touched[:engine.qstate[K.T_COUNT]]
+    assert touched[0] == 7 and sorted(touched[1:]) == sorted(set(pushed) - {7})
+    assert 0 < p < n and p == pushed.size and work == g.out_len[pushed].sum()
+    stats = [np.abs(expected).sum(), np.abs(expected).max(), engine.y[:n].sum(),
+             engine.y[:n].max()]
+    if shift:
+        stats[:2] = [np.abs(r + shift * w[:n]).sum(), np.abs(r + shift * w[:n]).max()]
+    np.testing.assert_allclose([l1, peak, y_sum, y_max], stats, rtol=1e-9)
 
 
 @pytest.mark.parametrize(("algorithm", "acyclic"), [("pagerank", True), ("wpr", False),
