@@ -16,9 +16,9 @@ walked in ``SPLIT_PHASES`` slices, both threads on their slice ``j`` at once, an
 pushed into pages not reached yet is there when they are, much as in one thread.
 With 8 phases the pushes match one thread's to 1% (16 phases: no closer).
 
-Measured on the 1M-page cyclic graph, 1k-link batches, 2 cores (docs/benchmarks.md,
-session 20): a sweep pushing every page 40 -> 26 ms for PageRank, WPR's first
-sweep 30 -> 22 ms; refreshes PageRank 337 -> 290 ms, WPR 113 -> 95 ms.
+Measured on the 1M-page cyclic graph, 2 cores (docs/benchmarks.md, session 20): a
+sweep pushing every page 41 -> 27 ms for PageRank, 45 -> 29 ms for WPR; a 1k-link
+batch's refresh 334 -> 236 ms for PageRank, 115 -> 97 ms for WPR.
 
 Both kernels serve uncapped global refreshes only (no work cap: a capped pass stops
 part way, which two threads could not agree on) and keep the one-thread kernels'
