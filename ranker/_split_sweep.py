@@ -20,6 +20,10 @@ Measured on the 1M-page cyclic graph, 2 cores (docs/benchmarks.md, session 20): 
 sweep pushing every page 41 -> 27 ms for PageRank, 45 -> 29 ms for WPR; a 1k-link
 batch's refresh 334 -> 236 ms for PageRank, 115 -> 97 ms for WPR.
 
+Two threads whatever the machine has (the one this was measured on has two cores):
+with more, each half's ``cross`` would have several writers, so every thread would
+need a buffer of its own and every fold would read them all.
+
 Both kernels serve uncapped global refreshes only (no work cap: a capped pass stops
 part way, which two threads could not agree on) and keep the one-thread kernels'
 results exactly in form: the same ``(pushes, work, stats...)`` and the touched
