@@ -220,17 +220,20 @@ def test_owed_wpr_re_weighs_give_the_same_guarantee(
 
 @SETTINGS
 @given(size=st.integers(5, 12), edges=pairs, batches=st.lists(steps, min_size=1, max_size=4),
-       ring=st.booleans(), owed=st.booleans())
+       ring=st.booleans(), owed=st.booleans(), max_sweeps=st.sampled_from([None, 0.5]))
 def test_two_thread_sweeps_give_the_same_guarantee(
         size: int, edges: list[tuple[int, int]], batches: list[Step], ring: bool,
-        owed: bool) -> None:
+        owed: bool, max_sweeps: float | None) -> None:
     # Every uncapped sweep on two threads (ranker._split_sweep), however small the
-    # graph; with a ring PageRank also removes its dominant mode as it sweeps.
+    # graph, between capped one-thread passes if max_sweeps is set; with a ring
+    # PageRank also removes its dominant mode as it sweeps; owed: WPR's re-weighs are
+    # paid over the scaled residual before the two-thread sweeps.
     links = [(i, (i + k) % size) for i in range(size) for k in (1, 2, 4)] if ring else []
     with mock.patch.object(_split_sweep, "SPLIT_MIN_PAGES", 0), \
-            mock.patch.object(residual, "FULL_RESIDUAL_SHARE", 0.0 if owed else 0.08):
+            mock.patch.object(residual, "FULL_RESIDUAL_SHARE", 0.0 if owed else 0.08), \
+            mock.patch.object(residual, "OWED_SHARE", np.inf if owed else 0.45):
         run_scenario(size, links + edges, batches, tolerance=1e-8, local_work=0.0,
-                     accelerate=ring)
+                     accelerate=ring, max_sweeps=max_sweeps)
 
 
 @SETTINGS
