@@ -149,7 +149,8 @@ class Refresh:
         # converted before the first and back in report().
         self.scaled = False
         self.tail = False  # sweeps push only a few pages now: queue them instead
-        self.split = not self.capped and SS.wanted(self.n)  # sweeps on two threads
+        # Sweeps on two threads, unless they were measured slow lately (SS.SplitGuard).
+        self.split = not self.capped and SS.wanted(self.n) and e.split_guard.start()
         self.last_pushes = 0  # of the previous sweep
 
     def thresholds(self) -> tuple[float, float]:
@@ -199,14 +200,15 @@ class Refresh:
                 self.pass_eps = PRIORITY_START * before / self.live_count
         threshold = max(self.eps, self.pass_eps) if self.capped else self.eps
         budget = self.global_budget - self.global_work
+        if e.kind == K.KIND_WPR and not self.scaled:
+            SK.to_scaled(self.n, e.r, e.r_dangling, e.factor)
+            self.scaled = True
+        if self.settle:
+            self.work += e.settle_owed(self.n)
+            self.settle = False
+        split, started = self.split, time.perf_counter()
         if e.kind == K.KIND_WPR:
-            if not self.scaled:
-                SK.to_scaled(self.n, e.r, e.r_dangling, e.factor)
-                self.scaled = True
-            if self.settle:
-                self.work += e.settle_owed(self.n)
-                self.settle = False
-            if self.split:
+            if split:
                 p, w, self.l1, self.peak, y_sum, y_max = SS.split_sweep_scaled(
                     e.damping, threshold, self.omega, self.n, e.y, e.r, e.r_dangling,
                     g.out_start, g.out_len, g.out_nbr, e.factor, e.si, e.so, e.touched,
@@ -217,7 +219,7 @@ class Refresh:
                     g.out_start, g.out_len, g.out_nbr, e.factor, e.si, e.so, e.touched,
                     e.qstate, e.is_touched, budget)
             along = 0.0
-        elif self.split:
+        elif split:
             cross, _, scratch = e.split_buffers()
             p, w, self.l1, self.peak, along, y_sum, y_max = SS.split_sweep(
                 e.damping, threshold, self.omega, self.n, e.y, e.r, g.out_start, g.out_len,
@@ -228,6 +230,8 @@ class Refresh:
                 e.kind, e.damping, threshold, self.omega, self.n, e.y, e.r, *e.arrays(),
                 e.touched, e.qstate, e.is_touched, budget, self.deflation.shift,
                 self.deflation.w)
+        if split:
+            self.split = e.split_guard.timed(time.perf_counter() - started, w, g.num_links)
         self.global_work += w
         if self.capped and w < PRIORITY_THIN * g.num_links:
             self.pass_eps = threshold / PRIORITY_STEP

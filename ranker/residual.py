@@ -33,6 +33,7 @@ from ranker import _column_kernels as CK
 from ranker import _deferred_reweigh as DR
 from ranker import _graph_kernels as GK
 from ranker import _kernels as K
+from ranker._split_sweep import SplitGuard
 from ranker.bounds import push_thresholds
 from ranker.dominant_mode import DominantMode
 from ranker.edge_batches import AppliedBatch, sorted_unique
@@ -98,6 +99,7 @@ class ResidualEngine:
         # use (20 bytes a page for WPR, 12 for PageRank) and grown with the rest.
         self.cross, self.cross_dangling = np.zeros(0), np.zeros(0)
         self.split_scratch = np.zeros(0, dtype=np.int32)
+        self.split_guard = SplitGuard()  # two threads only while they pay
         self.base = np.zeros(0)  # b: 1 - d on live pages, 0 elsewhere
         self.inq = np.zeros(0, dtype=np.bool_)
         self.is_touched = np.zeros(0, dtype=np.bool_)

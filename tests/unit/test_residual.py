@@ -438,3 +438,52 @@ def test_a_refresh_keeps_to_the_ids_it_started_with(algorithm: str, mode: str) -
     scores = engine.y[:started]
     reference = exact(ranks, algorithm)[:started]
     assert np.abs(scores - reference).sum() <= 1e-9 * scores.sum()
+
+
+def test_split_guard_pauses_two_threads_after_a_slow_dense_sweep() -> None:
+    guard = SS.SplitGuard()
+    links = 1000
+    assert guard.start()
+    assert guard.timed(1.0, 100, links)  # thin: not timed
+    assert guard.timed(1.0, 0, 0)  # nothing visited, on an empty graph
+    assert guard.best == float("inf")
+    assert guard.timed(1.0, 800, links)  # the first dense sweep sets the reference
+    assert guard.best == pytest.approx(1.0 / 800)
+    assert guard.timed(1.5, 800, links)  # 1.5x: under SLOW_SPLIT, the reference drifts
+    assert guard.best == pytest.approx(SS.BEST_DRIFT / 800)
+    assert not guard.timed(10.0, 800, links)  # far slower: one thread from here on
+    assert [guard.start() for _ in range(SS.SPLIT_PAUSE + 1)] == [False] * SS.SPLIT_PAUSE + [True]
+
+
+def test_refresh_goes_on_with_one_thread_when_two_are_slow() -> None:
+    graph = copying_model_graph(3000, 8.0, seed=37).to_linkgraph()
+    ranks = LiveRanks(graph, tolerance=1e-9, max_error=1e-8, local_work=0.0)
+    ranks.cold_start()
+    calls = {"split": 0, "one": 0}
+    wrapped = {}
+    for module, name, kind in ((SS, "split_sweep", "split"), (SS, "split_sweep_scaled", "split"),
+                               (K, "sweep", "one"), (SK, "sweep_scaled", "one")):
+        kernel = getattr(module, name)
+
+        def counted(*args: object, _kernel=kernel, _kind=kind) -> object:
+            calls[_kind] += 1
+            return _kernel(*args)
+        wrapped[(module, name)] = counted
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SS, "SPLIT_MIN_PAGES", 0)
+        for (module, name), counted in wrapped.items():
+            patch.setattr(module, name, counted)
+        for engine in ranks.engines.values():
+            engine.split_guard.best = 1e-30  # as if two threads had once been far faster
+        rng = np.random.default_rng(38)
+        reports = ranks.apply(random_edit_batch(graph, 3000, rng))
+        for name, report in reports.items():
+            assert report.mode == "global" and report.fresh, report
+            truth = exact(ranks, name)
+            assert np.abs(ranks.scores(name) - truth).max() <= report.max_abs_bound + 1e-12
+            assert ranks.engines[name].split_guard.pause == SS.SPLIT_PAUSE
+        # Exactly one two-thread sweep per engine, then one thread; the next
+        # refresh stays on one thread.
+        assert calls["split"] == 2 and calls["one"] > 2
+        ranks.apply(random_edit_batch(graph, 3000, rng))
+        assert calls["split"] == 2
