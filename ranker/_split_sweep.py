@@ -55,7 +55,7 @@ SPLIT_MIN_PAGES = 1 << 16
 # core: PageRank refreshes took 668 ms on two threads against 353 on one (idle: 216-236
 # and 335). So a refresh times its dense two-thread sweeps (SplitGuard) and goes on
 # with one thread when one costs SLOW_SPLIT times the cheapest seen per link, and the
-# next SPLIT_PAUSE global refreshes keep to one thread before two are tried again:
+# next SPLIT_PAUSE uncapped refreshes keep to one thread before two are tried again:
 # 365 ms contended. Idle, one thread costs 1.5x two (41 against 27 ms a sweep).
 SLOW_SPLIT = 1.6
 SPLIT_PAUSE = 8
