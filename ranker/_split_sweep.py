@@ -141,12 +141,15 @@ def split_sweep(damping, eps, omega, num_nodes, y, r, out_start, out_len, out_nb
     """:func:`ranker._kernels.sweep` for PageRank on two threads (no work cap); the
     same arguments and result, plus the buffers."""
     count = qstate[T_COUNT]
-    done = np.zeros((2, 3), dtype=np.int64)  # per thread: pushes, work, touched
+    # Per thread: pushes, work, and where its next touched page goes (thread 0 in
+    # ``touched`` after the pages already there, thread 1 in ``scratch``).
+    done = np.zeros((2, 3), dtype=np.int64)
+    done[0, 2] = count
     for j in range(SPLIT_PHASES):
         for k in numba.prange(2):
             own_lo, own_hi, lo, hi = _slice(k, j, SPLIT_PHASES, num_nodes)
             mine = touched if k == 0 else scratch
-            found = done[k, 2] + (count if k == 0 else 0)
+            found = done[k, 2]
             pushes = 0
             work = 0
             for m in range(lo, hi):
@@ -174,12 +177,12 @@ def split_sweep(damping, eps, omega, num_nodes, y, r, out_start, out_len, out_nb
                         cross[n] += c
             done[k, 0] += pushes
             done[k, 1] += work
-            done[k, 2] = found - (count if k == 0 else 0)
+            done[k, 2] = found
         if j + 1 < SPLIT_PHASES:
             for k in numba.prange(2):
                 _, _, lo, hi = _slice(k, j + 1, SPLIT_PHASES, num_nodes)
                 _fold(lo, hi, r, cross)
-    qstate[T_COUNT] = _append(touched, count + done[0, 2], scratch, done[1, 2])
+    qstate[T_COUNT] = _append(touched, done[0, 2], scratch, done[1, 2])
     total, peak, along, y_sum, y_max = stats_along(r, num_nodes, w, y, cross)
     return done[0, 0] + done[1, 0], done[0, 1] + done[1, 1], total, peak, along, y_sum, y_max
 
@@ -191,12 +194,13 @@ def split_sweep_scaled(damping, eps, omega, num_nodes, y, r, r_dangling, out_sta
     """:func:`ranker._scaled_sweep.sweep_scaled` on two threads (no work cap); the
     same arguments and result, plus the buffers."""
     count = qstate[T_COUNT]
-    done = np.zeros((2, 3), dtype=np.int64)
+    done = np.zeros((2, 3), dtype=np.int64)  # as in split_sweep
+    done[0, 2] = count
     for j in range(SPLIT_PHASES):
         for k in numba.prange(2):
             own_lo, own_hi, lo, hi = _slice(k, j, SPLIT_PHASES, num_nodes)
             mine = touched if k == 0 else scratch
-            found = done[k, 2] + (count if k == 0 else 0)
+            found = done[k, 2]
             pushes = 0
             work = 0
             for m in range(lo, hi):
@@ -237,13 +241,13 @@ def split_sweep_scaled(damping, eps, omega, num_nodes, y, r, r_dangling, out_sta
                             cross_dangling[n] += c
             done[k, 0] += pushes
             done[k, 1] += work
-            done[k, 2] = found - (count if k == 0 else 0)
+            done[k, 2] = found
         if j + 1 < SPLIT_PHASES:
             for k in numba.prange(2):
                 _, _, lo, hi = _slice(k, j + 1, SPLIT_PHASES, num_nodes)
                 _fold(lo, hi, r, cross)
                 _fold(lo, hi, r_dangling, cross_dangling)
-    qstate[T_COUNT] = _append(touched, count + done[0, 2], scratch, done[1, 2])
+    qstate[T_COUNT] = _append(touched, done[0, 2], scratch, done[1, 2])
     total, peak, y_sum, y_max = scaled_stats(num_nodes, r, r_dangling, factor, y, cross,
                                              cross_dangling)
     return done[0, 0] + done[1, 0], done[0, 1] + done[1, 1], total, peak, y_sum, y_max
