@@ -49,59 +49,12 @@ SPLIT_PHASES = 8
 SPLIT_MIN_PAGES = 1 << 16
 
 
-# Two threads that do not get two cores (a busy neighbour on a shared box) sweep
-# slower than one: each parallel region waits for the thread the scheduler left out
-# (even with one phase). 1M-page cyclic graph, 1k batches, a busy loop on the other
-# core: PageRank refreshes took 668 ms on two threads against 353 on one (idle: 216-236
-# and 335). So a refresh times its dense two-thread sweeps (SplitGuard) and goes on
-# with one thread when one costs SLOW_SPLIT times the cheapest seen per link, and the
-# next SPLIT_PAUSE uncapped refreshes keep to one thread before two are tried again:
-# 365 ms contended. Idle, one thread costs 1.5x two (41 against 27 ms a sweep).
-SLOW_SPLIT = 1.6
-SPLIT_PAUSE = 8
-# Only sweeps visiting this share of the links are timed: thinner ones cost more per
-# link visited (a PageRank sweep visiting 28% of them, 2.2x a full one's), and at 0.25
-# an idle refresh paused itself. WPR's sweeps after a 1k batch visit 46% and 31%, so
-# its refreshes are not guarded; contended, its other parallel passes (the settle,
-# the statistics) lose as much as the sweeps (docs/benchmarks.md, session 20).
-TIMED_SHARE = 0.6
-# The cheapest cost seen rises by this factor each timed sweep, so that one lucky
-# sweep does not stand as the reference for ever.
-BEST_DRIFT = 1.05
-
-
-class SplitGuard:
-    """Per engine: whether the next refresh may sweep on two threads, learnt from how
-    its dense two-thread sweeps went (above)."""
-
-    def __init__(self) -> None:
-        self.best = float("inf")  # seconds per link visited, cheapest dense sweep seen
-        self.pause = 0  # refreshes left on one thread
-
-    def start(self) -> bool:
-        """At a refresh that could sweep on two threads: whether it may."""
-        if self.pause > 0:
-            self.pause -= 1
-            return False
-        return True
-
-    def timed(self, seconds: float, work: int, num_links: int) -> bool:
-        """After a two-thread sweep that visited ``work`` links: whether the refresh
-        keeps two threads."""
-        if work == 0 or work < TIMED_SHARE * num_links:
-            return True
-        cost = seconds / work
-        if cost > SLOW_SPLIT * self.best:
-            self.pause = SPLIT_PAUSE
-            return False
-        self.best = min(self.best * BEST_DRIFT, cost)
-        return True
-
 
 def wanted(num_pages: int) -> bool:
     """Whether an uncapped refresh over ``num_pages`` pages sweeps on two threads:
     a graph that large, and this thread's kernels may use two (numba's limit is per
-    calling thread; the consumer's ranker thread keeps one, ``ranker_threads``)."""
+    calling thread; the consumer's ranker thread keeps one, ``ranker_threads``, and
+    :class:`ranker._thread_guard.ThreadGuard` sets one while the second core is taken)."""
     return num_pages >= SPLIT_MIN_PAGES and numba.get_num_threads() >= 2
 
 

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ranker._thread_guard import ThreadGuard
 from ranker.bounds import MIN_TOLERANCE
 from ranker.edge_batches import AppliedBatch, EdgeBatch, sorted_unique
 from ranker.linkgraph import LinkGraph
@@ -86,11 +87,13 @@ class LiveRanks:
         self.max_iter = int(max_iter)
         self.recompute_every = max(int(recompute_every), 1)
         self.batches = 0
+        # One for all engines: a taken core is the machine's (ranker._thread_guard).
+        self.thread_guard = ThreadGuard()
         self.engines = {
             name: ResidualEngine(self.graph, name, damping=self.damping,
                                  tolerance=self.tolerance, publish_threshold=publish_threshold,
                                  max_error=max_error, local_work=local_work,
-                                 max_sweeps=self.max_iter)
+                                 max_sweeps=self.max_iter, thread_guard=self.thread_guard)
             for name in dict.fromkeys(algorithms)
         }
         self.last_applied: AppliedBatch | None = None
@@ -133,33 +136,34 @@ class LiveRanks:
         graph = self.graph
         n = graph.num_ids
         live = graph.live_mask()
-        for name, engine in self.engines.items():
-            vector = None if warm is None else warm.get(name)
-            if vector is None:
-                engine.load(np.where(live, 1.0, 0.0))
-                # Swept to a quarter of the tolerance: a vector just inside it would
-                # send the first small batches to global sweeps to win back the rest.
-                # Hundreds of sweeps leave rounding in r, which a tolerance near the
-                # floating-point floor would mistake for progress: the report comes
-                # from a refresh of the recomputed residual, against the tolerance.
-                solved = engine.refresh(mode="global", tolerance=0.25 * self.tolerance)
-                engine.stale = True  # recomputed by the refresh, no drift measured
-                report = engine.refresh()
-                report.mode, report.sweeps = "cold", report.sweeps + solved.sweeps
-                report.moved_ids = np.union1d(solved.moved_ids, report.moved_ids)
-                report.moved_scores = engine.y[report.moved_ids].copy()
-                reports[name] = report
-                continue
-            start = np.zeros(n)
-            given = np.asarray(vector, dtype=np.float64).reshape(-1)[:n]
-            start[: given.size] = given
-            # A warm vector is only a first guess (the refresh certifies the result),
-            # but a NaN or inf in it would spread through every sweep and never be
-            # repaired; such entries, and negative ones, which no exact score is,
-            # start from 0 instead.
-            start[~(np.isfinite(start) & (start >= 0.0))] = 0.0
-            engine.load(start)
-            reports[name] = engine.refresh()
+        with self.thread_guard.kernels():  # one kernel thread while a core is taken
+            for name, engine in self.engines.items():
+                vector = None if warm is None else warm.get(name)
+                if vector is None:
+                    engine.load(np.where(live, 1.0, 0.0))
+                    # Swept to a quarter of the tolerance: a vector just inside it would
+                    # send the first small batches to global sweeps to win back the rest.
+                    # Hundreds of sweeps leave rounding in r, which a tolerance near the
+                    # floating-point floor would mistake for progress: the report comes
+                    # from a refresh of the recomputed residual, against the tolerance.
+                    solved = engine.refresh(mode="global", tolerance=0.25 * self.tolerance)
+                    engine.stale = True  # recomputed by the refresh, no drift measured
+                    report = engine.refresh()
+                    report.mode, report.sweeps = "cold", report.sweeps + solved.sweeps
+                    report.moved_ids = np.union1d(solved.moved_ids, report.moved_ids)
+                    report.moved_scores = engine.y[report.moved_ids].copy()
+                    reports[name] = report
+                    continue
+                start = np.zeros(n)
+                given = np.asarray(vector, dtype=np.float64).reshape(-1)[:n]
+                start[: given.size] = given
+                # A warm vector is only a first guess (the refresh certifies the result),
+                # but a NaN or inf in it would spread through every sweep and never be
+                # repaired; such entries, and negative ones, which no exact score is,
+                # start from 0 instead.
+                start[~(np.isfinite(start) & (start >= 0.0))] = 0.0
+                engine.load(start)
+                reports[name] = engine.refresh()
         return reports
 
     def apply(self, batch: EdgeBatch, *, tolerance: float | None = None,
@@ -181,24 +185,25 @@ class LiveRanks:
         a refresh costs about the same after one batch as after a few, and a WPR
         residual that needs recomputing from scratch is recomputed once for them all.
         """
-        graph = self.graph
-        sources, targets = self._changing_links(batch)
-        cols = {name: e.columns(sources, targets) for name, e in self.engines.items()}
-        for name, engine in self.engines.items():
-            engine.retract(cols[name])
-        applied = graph.apply(batch)
-        self.last_applied = applied
-        self.batches += 1
-        for name, engine in self.engines.items():
-            engine.absorb(cols[name], applied)
-            if self.batches % self.recompute_every == 0:
-                # The drift guard: recomputed by the next refresh. WPR's sums are
-                # integers, kept exactly (ResidualEngine.sums_exact); they are re-summed
-                # here too, one pass per recompute_every batches, so that a mistake in
-                # keeping them could not outlast the guard.
-                engine.stale = True
-                engine.sums_exact = False
-        return applied
+        with self.thread_guard.kernels():  # one kernel thread while a core is taken
+            graph = self.graph
+            sources, targets = self._changing_links(batch)
+            cols = {name: e.columns(sources, targets) for name, e in self.engines.items()}
+            for name, engine in self.engines.items():
+                engine.retract(cols[name])
+            applied = graph.apply(batch)
+            self.last_applied = applied
+            self.batches += 1
+            for name, engine in self.engines.items():
+                engine.absorb(cols[name], applied)
+                if self.batches % self.recompute_every == 0:
+                    # The drift guard: recomputed by the next refresh. WPR's sums are
+                    # integers, kept exactly (ResidualEngine.sums_exact); they are re-summed
+                    # here too, one pass per recompute_every batches, so that a mistake in
+                    # keeping them could not outlast the guard.
+                    engine.stale = True
+                    engine.sums_exact = False
+            return applied
 
     def refresh(self, *, tolerance: float | None = None, max_sweeps: float | None = None
                 ) -> dict[str, RefreshReport]:

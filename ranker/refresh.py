@@ -39,6 +39,7 @@ import numpy as np
 from ranker import _kernels as K
 from ranker import _scaled_sweep as SK
 from ranker import _split_sweep as SS
+from ranker._thread_guard import clocks
 from ranker.bounds import max_abs_bound
 from ranker.dominant_mode import Deflation
 from ranker.results import RefreshReport
@@ -149,8 +150,9 @@ class Refresh:
         # converted before the first and back in report().
         self.scaled = False
         self.tail = False  # sweeps push only a few pages now: queue them instead
-        # Sweeps on two threads, unless they were measured slow lately (SS.SplitGuard).
-        self.split = not self.capped and SS.wanted(self.n) and e.split_guard.start()
+        # Sweeps on two threads, unless the second core was taken lately: then the
+        # engine's ThreadGuard has left this thread one kernel thread.
+        self.split = not self.capped and SS.wanted(self.n)
         self.last_pushes = 0  # of the previous sweep
 
     def thresholds(self) -> tuple[float, float]:
@@ -206,7 +208,7 @@ class Refresh:
         if self.settle:
             self.work += e.settle_owed(self.n)
             self.settle = False
-        split, started = self.split, time.perf_counter()
+        split, started = self.split, clocks()
         if e.kind == K.KIND_WPR:
             if split:
                 p, w, self.l1, self.peak, y_sum, y_max = SS.split_sweep_scaled(
@@ -231,7 +233,7 @@ class Refresh:
                 e.touched, e.qstate, e.is_touched, budget, self.deflation.shift,
                 self.deflation.w)
         if split:
-            self.split = e.split_guard.timed(time.perf_counter() - started, w, g.num_links)
+            self.split = e.thread_guard.timed_since(started)
         self.global_work += w
         if self.capped and w < PRIORITY_THIN * g.num_links:
             self.pass_eps = threshold / PRIORITY_STEP

@@ -33,7 +33,7 @@ from ranker import _column_kernels as CK
 from ranker import _deferred_reweigh as DR
 from ranker import _graph_kernels as GK
 from ranker import _kernels as K
-from ranker._split_sweep import SplitGuard
+from ranker._thread_guard import ThreadGuard
 from ranker.bounds import push_thresholds
 from ranker.dominant_mode import DominantMode
 from ranker.edge_batches import AppliedBatch, sorted_unique
@@ -70,7 +70,8 @@ class ResidualEngine:
 
     def __init__(self, graph: LinkGraph, algorithm: str, *, damping: float, tolerance: float,
                  publish_threshold: float, max_error: float | None, local_work: float,
-                 max_sweeps: int, omega: float | None = None) -> None:
+                 max_sweeps: int, omega: float | None = None,
+                 thread_guard: ThreadGuard | None = None) -> None:
         self.graph = graph
         self.algorithm = algorithm
         self.kind = ALGORITHM_KINDS[algorithm]
@@ -99,7 +100,8 @@ class ResidualEngine:
         # use (20 bytes a page for WPR, 12 for PageRank) and grown with the rest.
         self.cross, self.cross_dangling = np.zeros(0), np.zeros(0)
         self.split_scratch = np.zeros(0, dtype=np.int32)
-        self.split_guard = SplitGuard()  # two threads only while they pay
+        # One kernel thread while the second core is taken (ranker._thread_guard).
+        self.thread_guard = ThreadGuard() if thread_guard is None else thread_guard
         self.base = np.zeros(0)  # b: 1 - d on live pages, 0 elsewhere
         self.inq = np.zeros(0, dtype=np.bool_)
         self.is_touched = np.zeros(0, dtype=np.bool_)
@@ -440,4 +442,5 @@ class ResidualEngine:
         :data:`ranker.refresh.PRIORITY_START`); the report is then honest about what
         was reached, and counts passes as sweeps.
         """
-        return Refresh(self, mode, tolerance, max_sweeps).run()
+        with self.thread_guard.kernels():
+            return Refresh(self, mode, tolerance, max_sweeps).run()

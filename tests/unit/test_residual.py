@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 
@@ -9,7 +10,9 @@ from ranker import _column_kernels as CK
 from ranker import _kernels as K
 from ranker import _scaled_sweep as SK
 from ranker import _split_sweep as SS
+from ranker import _thread_guard as TG
 from ranker import refresh, residual
+from ranker._thread_guard import ThreadGuard
 from ranker.dominant_mode import NO_MODE
 from ranker.edge_batches import EdgeBatch
 from ranker.incremental import LiveRanks
@@ -440,50 +443,67 @@ def test_a_refresh_keeps_to_the_ids_it_started_with(algorithm: str, mode: str) -
     assert np.abs(scores - reference).sum() <= 1e-9 * scores.sum()
 
 
-def test_split_guard_pauses_two_threads_after_a_slow_dense_sweep() -> None:
-    guard = SS.SplitGuard()
-    links = 1000
-    assert guard.start()
-    assert guard.timed(1.0, 100, links)  # thin: not timed
-    assert guard.timed(1.0, 0, 0)  # nothing visited, on an empty graph
-    assert guard.best == float("inf")
-    assert guard.timed(1.0, 800, links)  # the first dense sweep sets the reference
-    assert guard.best == pytest.approx(1.0 / 800)
-    assert guard.timed(1.5, 800, links)  # 1.5x: under SLOW_SPLIT, the reference drifts
-    assert guard.best == pytest.approx(SS.BEST_DRIFT / 800)
-    assert not guard.timed(10.0, 800, links)  # far slower: one thread from here on
-    assert [guard.start() for _ in range(SS.SPLIT_PAUSE + 1)] == [False] * SS.SPLIT_PAUSE + [True]
+def test_thread_guard_pauses_two_threads_while_the_process_lacks_a_core() -> None:
+    if numba.config.NUMBA_NUM_THREADS < 2:  # type: ignore[attr-defined]
+        pytest.skip("one kernel thread only")
+    now = [0.0]
+    guard = ThreadGuard(clock=lambda: now[0])
+    before = numba.get_num_threads()
+    with guard.kernels():
+        assert numba.get_num_threads() == before
+        wall = TG.JUDGED_WALL / 2
+        assert guard.timed(wall, 0.0)  # too short to judge yet: CPU clocks move in ticks
+        assert not guard.timed(wall, 2 * wall)  # judged together: one core of two
+        assert guard.paused() and numba.get_num_threads() == 1
+    assert numba.get_num_threads() == before  # the caller's limit, whatever happened
+    with guard.kernels():
+        assert numba.get_num_threads() == 1  # paused: one kernel thread from the start
+    now[0] = TG.PAUSE_SECONDS
+    with guard.kernels():
+        assert numba.get_num_threads() == before  # tried again
+        assert guard.timed(TG.JUDGED_WALL, TG.SHARED_CORES * TG.JUDGED_WALL)
+        assert not guard.paused()
 
 
-def test_refresh_goes_on_with_one_thread_when_two_are_slow() -> None:
+def test_refresh_goes_on_with_one_thread_when_a_core_is_taken() -> None:
+    if numba.config.NUMBA_NUM_THREADS < 2:  # type: ignore[attr-defined]
+        pytest.skip("one kernel thread only")
     graph = copying_model_graph(3000, 8.0, seed=37).to_linkgraph()
     ranks = LiveRanks(graph, tolerance=1e-9, max_error=1e-8, local_work=0.0)
     ranks.cold_start()
-    calls = {"split": 0, "one": 0}
+    now = [0.0]
+    ranks.thread_guard.clock = lambda: now[0]
+    # Kernel calls, with the calling thread's kernel thread limit at each.
+    calls: dict[str, list[int]] = {"split": [], "one": []}
     wrapped = {}
     for module, name, kind in ((SS, "split_sweep", "split"), (SS, "split_sweep_scaled", "split"),
                                (K, "sweep", "one"), (SK, "sweep_scaled", "one")):
         kernel = getattr(module, name)
 
         def counted(*args: object, _kernel=kernel, _kind=kind) -> object:
-            calls[_kind] += 1
+            calls[_kind].append(numba.get_num_threads())
             return _kernel(*args)
         wrapped[(module, name)] = counted
+    before = numba.get_num_threads()
+    rng = np.random.default_rng(38)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(SS, "SPLIT_MIN_PAGES", 0)
+        patch.setattr(TG, "JUDGED_WALL", 0.0)  # every two-thread sweep judged...
+        patch.setattr(TG, "SHARED_CORES", np.inf)  # ...as if it lacked a core
         for (module, name), counted in wrapped.items():
             patch.setattr(module, name, counted)
-        for engine in ranks.engines.values():
-            engine.split_guard.best = 1e-30  # as if two threads had once been far faster
-        rng = np.random.default_rng(38)
         reports = ranks.apply(random_edit_batch(graph, 3000, rng))
         for name, report in reports.items():
             assert report.mode == "global" and report.fresh, report
             truth = exact(ranks, name)
             assert np.abs(ranks.scores(name) - truth).max() <= report.max_abs_bound + 1e-12
-            assert ranks.engines[name].split_guard.pause == SS.SPLIT_PAUSE
-        # Exactly one two-thread sweep per engine, then one thread; the next
-        # refresh stays on one thread.
-        assert calls["split"] == 2 and calls["one"] > 2
+        # One two-thread sweep (PageRank's first), then every sweep on one kernel
+        # thread, WPR's too: the engines share the guard.
+        assert len(calls["split"]) == 1 and len(calls["one"]) > 2
+        assert set(calls["one"]) == {1} and numba.get_num_threads() == before
+        ranks.apply(random_edit_batch(graph, 3000, rng))  # still paused
+        assert len(calls["split"]) == 1 and set(calls["one"]) == {1}
+        now[0] = TG.PAUSE_SECONDS  # the pause is over: two threads are tried again
         ranks.apply(random_edit_batch(graph, 3000, rng))
-        assert calls["split"] == 2
+        assert len(calls["split"]) == 2
+    assert numba.get_num_threads() == before
