@@ -36,11 +36,11 @@ def set_factors(pages, in_len, out_len, factor):
     factor non-zero and its sign the page's kind (no branch per page in a sweep)."""
     for k in range(pages.size):
         m = pages[k]
-        factor[m] = _signed_factor(m, in_len, out_len)
+        factor[m] = signed_factor(m, in_len, out_len)
 
 
 @njit(cache=True, inline="always")
-def _signed_factor(m, in_len, out_len):
+def signed_factor(m, in_len, out_len):
     """Page ``m``'s factor as :func:`set_factors` keeps it."""
     deg = float(out_len[m])
     weight = float(max(in_len[m], 1))

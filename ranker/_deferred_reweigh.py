@@ -36,7 +36,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ranker._column_kernels import _signed_factor
+from ranker._column_kernels import signed_factor
 from ranker._kernels import KIND_WPR, _column_scale, _edge_factor, njit
 
 
@@ -53,7 +53,7 @@ def rescale_ends(pages, in_len, out_len, factor, base, y, r):
     for j in range(pages.size):
         n = pages[j]
         old = factor[n]
-        new = _signed_factor(n, in_len, out_len)
+        new = signed_factor(n, in_len, out_len)
         if (old < 0.0) == (new < 0.0):
             inflow = r[n] - base[n] + y[n]
             r[n] = base[n] - y[n] + (new / old) * inflow
