@@ -41,7 +41,9 @@ from consumer.hits_query import (
     MAX_QUERY_CHARS,
     MAX_ROOT_SIZE,
     MAX_SEEDS,
+    HitsAnswer,
     HitsQuery,
+    ScoredPage,
     run_hits,
 )
 from producer.urls import canonicalize_url
@@ -73,27 +75,8 @@ Url = Annotated[str, StringConstraints(min_length=1, max_length=MAX_URL_CHARS)]
 ScoreUrl = Annotated[str, StringConstraints(min_length=1, max_length=MAX_SCORE_URL_CHARS)]
 
 
-class ScoredPageModel(BaseModel):
-    url: str
-    score: float
-
-
-class HitsResponse(BaseModel):
-    """A HITS answer (see docs/hits.md for every field)."""
-
-    query: dict[str, Any]
-    authorities: list[ScoredPageModel]
-    hubs: list[ScoredPageModel]
-    root_size: int
-    base_size: int
-    links: int
-    intrinsic_dropped: int
-    iterations: int
-    error: float
-    graph_version: int
-    unknown_seeds: list[str]
-    cached: bool
-    timing_ms: dict[str, float]
+# GET /hits answers with consumer.hits_query.HitsAnswer itself (a dataclass FastAPI
+# documents as it is), so the CLI's JSON, the cache's and the API's cannot drift apart.
 
 
 class MetaModel(BaseModel):
@@ -116,7 +99,7 @@ class MetaModel(BaseModel):
 class TopResponse(BaseModel):
     algorithm: str
     scale: str
-    entries: list[ScoredPageModel]
+    entries: list[ScoredPage]
     meta: MetaModel
 
 
@@ -157,7 +140,7 @@ def create_app(redis: Any, prefix: str, *, cache_ttl: int = DEFAULT_CACHE_TTL) -
     )
     _add_error_handlers(app)
 
-    @app.get("/hits", response_model=HitsResponse, responses=_ERRORS)
+    @app.get("/hits", response_model=HitsAnswer, responses=_ERRORS)
     def get_hits(
         q: Annotated[str | None, Query(min_length=1, max_length=MAX_QUERY_CHARS,
                                        description="text query (title and anchor terms)")] = None,
