@@ -49,7 +49,6 @@ SPLIT_PHASES = 8
 SPLIT_MIN_PAGES = 1 << 16
 
 
-
 def wanted(num_pages: int) -> bool:
     """Whether an uncapped refresh over ``num_pages`` pages sweeps on two threads:
     a graph that large, and this thread's kernels may use two (numba's limit is per

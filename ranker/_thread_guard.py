@@ -61,7 +61,7 @@ class ThreadGuard:
         return self.clock() < self.until
 
     @contextmanager
-    def kernels(self) -> Iterator[None]:
+    def kernel_threads(self) -> Iterator[None]:
         """Around an absorb or a refresh: its kernels on one thread while paused. The
         calling thread's limit is restored afterwards, whatever was decided inside."""
         limit = numba.get_num_threads()
@@ -75,7 +75,7 @@ class ThreadGuard:
     def timed(self, wall: float, cpu: float) -> bool:
         """After a two-thread sweep that took ``wall`` seconds while the process used
         ``cpu`` CPU seconds: whether the refresh keeps two threads. If not, the calling
-        thread's kernels go on with one (call this within :meth:`kernels`)."""
+        thread's kernels go on with one (call this within :meth:`kernel_threads`)."""
         self.wall += wall
         self.cpu += cpu
         if self.wall < JUDGED_WALL:
