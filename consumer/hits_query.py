@@ -19,7 +19,8 @@ the base set and the subgraph (and documents the host weighting).
 
 Answers are cached in Redis (``P hits:cache:{digest}``, a JSON string with a TTL)
 keyed by the query's normal form, the options, ``P graph`` ``version`` and
-``P meta:pagerank`` ``version``. A graph change bumps the version, so the next
+the id of the current PageRank publication (``P meta:pagerank`` ``publication``).
+A graph change bumps the version and a new publication changes the id, so the next
 query misses; an answer whose computation overlapped a graph change is not
 cached at all.
 """
@@ -268,17 +269,26 @@ def _top(urls: list[str], scores: np.ndarray, k: int) -> list[ScoredPage]:
 def _root_set(
     redis: Any, prefix: str, query: HitsQuery
 ) -> tuple[list[int], dict[int, str], list[str]]:
-    """Root page ids (best first), their URLs, and the seeds not in the graph."""
+    """Root page ids (best first), their URLs, and the seeds not in the graph.
+
+    A removed page keeps its id (``P page:id``) but is no longer in the graph, so a
+    seed naming one is reported as unknown, as a text query leaves it out.
+    """
     if query.text is not None:
         found = match(redis, prefix, query_terms(query.text), query.root_size)
         return [m.page_id for m in found], {m.page_id: m.url for m in found}, []
     seeds = query.canonical_seeds()
     ids = redis.hmget(f"{prefix}page:id", seeds)
+    known = [int(raw) for raw in ids if raw is not None]
+    removed: set[int] = set()
+    if known:
+        gone = redis.smismember(f"{prefix}page:removed", known)
+        removed = {page_id for page_id, flag in zip(known, gone, strict=True) if flag}
     roots: list[int] = []
     urls: dict[int, str] = {}
     unknown: list[str] = []
     for seed, raw in zip(seeds, ids, strict=True):
-        if raw is None:
+        if raw is None or int(raw) in removed:
             unknown.append(seed)
         elif len(roots) < query.root_size and int(raw) not in urls:
             roots.append(int(raw))

@@ -4,7 +4,8 @@ Kleinberg's root set is "the pages relevant to the query". rankstream finds them
 in an inverted index of each page's *title* and of the *anchor text of the links
 pointing to it* (anchor text describes the target, often better than the target
 describes itself). Both arrive in ``page`` events; the consumer adds them in the
-same MULTI/EXEC transaction as the graph change (:func:`index_text`).
+same MULTI/EXEC transaction as the graph change (:func:`postings_commands`;
+:func:`index_text` queues the same commands on a redis-py pipeline).
 
 Indexing steps (the seeds' classic ones): Unicode NFKC, case folding, split into
 runs of letters and digits (underscores and punctuation separate words), drop

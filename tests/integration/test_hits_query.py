@@ -174,6 +174,13 @@ def test_unknown_and_duplicate_seeds(graph: HandGraph) -> None:
         max_in=0, drop_intrinsic=False))
     assert answer.root_size == 1
     assert answer.unknown_seeds == ["https://nowhere.org/"]
+    # A removed page keeps its id but is not in the graph: unknown, never a root.
+    graph.client.sadd(f"{graph.prefix}page:removed", graph.ids["https://r.org/"])
+    answer = run_hits(graph.client, graph.prefix, HitsQuery(
+        seeds=("https://r.org/", "https://nowhere.org/"), max_in=0, drop_intrinsic=False),
+        use_cache=False)
+    assert answer.root_size == 0
+    assert answer.unknown_seeds == ["https://r.org/", "https://nowhere.org/"]
     with pytest.raises(InputError, match="seed"):
         HitsQuery(seeds=("not a url",)).normal_form()
 
