@@ -29,6 +29,9 @@ ALGORITHMS = ("pagerank", "wpr", "hits")
 # The cold check's L1 bound per live page. An absolute bound must grow with the graph:
 # rounding alone leaves about 1e-16 per page on the paper scale, where sum(y) ~ pages.
 VERIFY_TOLERANCE_PER_PAGE = 1e-13
+# Both certificates are L1 bounds computed in float64: slack for the rounding of the
+# residual sums themselves, relative to sum(y).
+VERIFY_ROUNDING = 64 * float(np.finfo(np.float64).eps)
 T = TypeVar("T")
 
 
@@ -44,7 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scale", default="paper", help="paper | probability (PageRank)")
     parser.add_argument("--top", type=int, default=None, help="print only the first K rows")
     parser.add_argument(
-        "--verify", action="store_true", help="also cold-solve; print max |diff| to stderr"
+        "--verify", action="store_true",
+        help="also cold-solve; print max |diff| to stderr; exit 1 if the certified "
+        "bounds do not cover it",
     )
 
 
@@ -127,10 +132,18 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             alive=alive,
         )
         diff = float(np.max(np.abs(exact.scores - scores), initial=0.0))
+        bound = ranks.bound(args.algorithm)
         sys.stderr.write(
             f"verify: max |incremental - cold| = {diff:.3e} (paper scale), "
-            f"certified bound {ranks.bound(args.algorithm):.3e}\n"
+            f"certified bound {bound:.3e}, cold solve's {exact.bound:.3e}\n"
         )
+        # max-abs <= L1, so the two certificates together bound the difference: more
+        # means a certificate is wrong, which is what --verify is there to catch.
+        limit = bound + exact.bound + VERIFY_ROUNDING * max(exact.total, 1.0)
+        if not diff <= limit:
+            sys.stderr.write(f"rankstream rank: verify FAILED: the difference exceeds the "
+                             f"sum of the certified bounds ({limit:.3e})\n")
+            return 1
     if args.scale == "probability":
         total = ranks.total(args.algorithm)
         scores = scores / total if total > 0 else scores

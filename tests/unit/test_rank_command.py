@@ -75,6 +75,21 @@ def test_events_on_top_equal_cold_solve(tmp_path: Path, capsys: pytest.CaptureFi
         assert diff <= 1e-9
 
 
+def test_verify_fails_when_the_certificates_do_not_cover_the_difference(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from ranker import LiveRanks
+
+    edges = tmp_path / "fig2.tsv"
+    edges.write_text(FIG2)
+    right = LiveRanks.scores
+    monkeypatch.setattr(LiveRanks, "scores", lambda self, alg: right(self, alg) + 1e-6)
+    assert main(["rank", "--edges", str(edges), "--verify"]) == 1
+    err = capsys.readouterr().err
+    assert "verify FAILED" in err
+    assert "Traceback" not in err
+
+
 def test_hits_says_what_verify_means_for_it(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     edges = tmp_path / "fig2.tsv"
