@@ -250,10 +250,15 @@ def _check_tolerance(tolerance: float) -> None:
     if not tolerance >= MIN_TOLERANCE:
         raise InputError(f"tolerance must be at least {MIN_TOLERANCE:g} (relative; below it "
                          f"the residual is float64 rounding noise), got {tolerance!r}")
+    # Relative to sum(y), an L1 bound of 1 or more certifies nothing about the scores:
+    # any probability vector is within 2 of the exact one. Infinity would call every
+    # vector fresh.
+    if not tolerance < 1.0:
+        raise InputError(f"tolerance must be below 1 (a relative L1 bound), got {tolerance!r}")
 
 
 def _check_refresh_args(tolerance: float | None, max_sweeps: float | None) -> None:
     if tolerance is not None:
         _check_tolerance(tolerance)
-    if max_sweeps is not None and not max_sweeps > 0.0:
-        raise InputError(f"max_sweeps must be positive, got {max_sweeps!r}")
+    if max_sweeps is not None and not 0.0 < max_sweeps < np.inf:
+        raise InputError(f"max_sweeps must be positive and finite, got {max_sweeps!r}")

@@ -66,8 +66,8 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError("--batch-size must be at least 1")
     if args.top is not None and args.top < 1:
         raise InputError("--top must be at least 1")
-    if args.tolerance <= 0:
-        raise InputError("--tolerance must be positive")
+    if not 0.0 < args.tolerance < 1.0:
+        raise InputError(f"--tolerance must lie strictly between 0 and 1, got {args.tolerance:g}")
     if args.damping is not None and not 0.0 < args.damping < 1.0:
         raise InputError("--damping must lie strictly between 0 and 1")
 

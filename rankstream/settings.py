@@ -56,11 +56,13 @@ class Settings(BaseSettings):
     tolerance: float = Field(
         1e-6,
         ge=1e-12,  # ranker.bounds.MIN_TOLERANCE (not imported: settings load without numba)
+        lt=1.0,  # a relative L1 bound of 1 or more certifies nothing (ranker.incremental)
         description="relative certified bound: scores are fresh when the L1 error bound "
         "||r||_1/(1-d) on y is at most tolerance * sum(y), i.e. an L1 bound on x = y/sum(y)",
     )
     publish_threshold: float = Field(
-        1e-7, ge=0.0, description="write a page's score only if it moved by more than this"
+        1e-7, ge=0.0, allow_inf_nan=False,
+        description="write a page's score only if it moved by more than this"
     )
     publish_max_updates: int = Field(
         10_000, ge=0,
@@ -80,7 +82,7 @@ class Settings(BaseSettings):
     # (published bounds ~5e-2 either way), and p50/p99 went from 3.2/4.7 s (cap 1) to
     # 2.8-3.3 / 3.7-4.0 s (cap 0.25, two runs). Idle and final refreshes are uncapped.
     batch_max_sweeps: float = Field(
-        0.25, ge=0.0,
+        0.25, ge=0.0, allow_inf_nan=False,
         description="the work of the consumer's refresh after a batch, in sweeps' worth "
         "of link visits per algorithm, spent on the largest residuals first (the scores "
         "are then published with the bound reached; refreshes while idle go on to the "
@@ -135,6 +137,8 @@ class Settings(BaseSettings):
                 return json.loads(text)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"not a JSON list ({exc.msg}); or give http,https") from exc
+            except RecursionError as exc:  # "[[[[..." nested past the parser's limit
+                raise ValueError("not a JSON list (nested too deeply)") from exc
         return text.split(",")
 
     @field_validator("allowed_schemes")
@@ -175,3 +179,8 @@ def load_settings(**overrides: object) -> Settings:
         cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
         raise ConfigError(f"bad setting RANKSTREAM_{field}: cannot parse the value{cause}"
                           ) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read the .env file: not UTF-8 ({exc.reason} at byte "
+                          f"{exc.start})") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read the .env file: {exc.strerror or exc}") from exc

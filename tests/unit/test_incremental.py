@@ -374,6 +374,9 @@ def test_bad_arguments_are_input_errors() -> None:
         LiveRanks(tolerance=MIN_TOLERANCE / 10)
     with pytest.raises(InputError, match="float64 rounding"):
         LiveRanks().refresh(tolerance=MIN_TOLERANCE / 10)
+    for useless in (1.0, float("inf"), float("nan")):  # would call any vector fresh
+        with pytest.raises(InputError, match="tolerance"):
+            LiveRanks(tolerance=useless)
     with pytest.raises(InputError):
         LiveRanks(publish_threshold=float("nan"))  # would never publish anything
     ranks = LiveRanks(algorithms=("pagerank",))
@@ -397,6 +400,6 @@ def test_a_per_call_tolerance_applies_to_that_refresh_only() -> None:
         assert report.fresh and report.relative_bound <= 1e-9
     with pytest.raises(InputError):
         ranks.apply(EdgeBatch(), tolerance=0.0)
-    for cap in (0, -1.0):
+    for cap in (0, -1.0, float("inf"), float("nan")):
         with pytest.raises(InputError):
             ranks.refresh(max_sweeps=cap)

@@ -168,23 +168,41 @@ def test_bad_input_is_one_line_exit_2(
 
 
 @pytest.mark.parametrize(
-    ("value", "message"),
+    ("name", "value", "message"),
     [
-        ('["http"', "not a JSON list"),
-        ("[]", "give at least one scheme"),
-        ("http,,https", "no empty entries"),
-        ("ht tp", "not a URL scheme: 'ht tp'"),
+        ("ALLOWED_SCHEMES", '["http"', "not a JSON list"),
+        ("ALLOWED_SCHEMES", "[" * 100_000, "nested too deeply"),
+        ("ALLOWED_SCHEMES", "[]", "give at least one scheme"),
+        ("ALLOWED_SCHEMES", "http,,https", "no empty entries"),
+        ("ALLOWED_SCHEMES", "ht tp", "not a URL scheme: 'ht tp'"),
+        # Each would pass a lower bound alone: an infinite tolerance would call any
+        # vector fresh, an infinite work cap crashed the first capped refresh.
+        ("TOLERANCE", "inf", "less than 1"),
+        ("BATCH_MAX_SWEEPS", "inf", "finite number"),
+        ("PUBLISH_THRESHOLD", "nan", "finite number"),
     ],
 )
 def test_a_bad_setting_is_one_line_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-    value: str, message: str,
+    name: str, value: str, message: str,
 ) -> None:
     (tmp_path / "good.tsv").write_text(FIG2)
-    monkeypatch.setenv("RANKSTREAM_ALLOWED_SCHEMES", value)
+    monkeypatch.setenv(f"RANKSTREAM_{name}", value)
     assert main(["rank", "--edges", str(tmp_path / "good.tsv")]) == 2
     err = capsys.readouterr().err
-    assert "bad setting RANKSTREAM_ALLOWED_SCHEMES" in err and message in err
+    assert f"bad setting RANKSTREAM_{name}" in err and message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_an_env_file_that_is_not_utf8_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "good.tsv").write_text(FIG2)
+    (tmp_path / ".env").write_bytes(b"RANKSTREAM_DAMPING=0.8\xff\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["rank", "--edges", "good.tsv"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read the .env file: not UTF-8" in err
     assert len(err.strip().splitlines()) == 1
 
 
