@@ -34,7 +34,8 @@ one form should send it.
 
 Rejected (:class:`UrlError`): non-strings, empty strings, control characters (C0 and
 DEL, including tab and newline), leading or trailing spaces, lone surrogates, a
-missing or malformed scheme, a missing host for http(s), whitespace in the authority,
+missing or malformed scheme, nothing after the scheme (``file:``, ``file://``), a
+missing host for http(s), whitespace in the authority,
 and a malformed or out-of-range port. Length and scheme allow-lists are limits, not
 canonicalisation; :mod:`producer.schema` applies them.
 """
@@ -145,6 +146,9 @@ def _canonicalize(url: str) -> str:
     if rest[-1:].isspace():  # "http://h/ #top": what is left must not end in a space either
         raise UrlError("leading or trailing whitespace")
 
+    if not rest or rest == "//":
+        # "file:", "file://" or "mailto:#x" would each be a page that names nothing.
+        raise UrlError("nothing after the scheme")
     if not rest.startswith("//"):
         # No authority (mailto:, urn:, file:/x). http(s) always has one.
         if scheme in _SCHEMES_NEEDING_HOST:
@@ -183,9 +187,12 @@ def _canonical_authority(scheme: str, authority: str) -> str:
     if port:
         if not port.isdigit() or not port.isascii():
             raise UrlError(f"invalid port: {port[:20]!r}")
-        number = int(port)
-        if number > 65535:
+        # Leading zeros off and length first: int() refuses more than 4300 digits with a
+        # ValueError.
+        digits = port.lstrip("0") or "0"
+        if len(digits) > 5 or int(digits) > 65535:
             raise UrlError(f"port out of range: {port[:20]}")
+        number = int(digits)
         # As a number: "0080" is port 80, and must not make a second page of it.
         port = "" if str(number) == DEFAULT_PORTS.get(scheme) else str(number)
     host = host.lower()
