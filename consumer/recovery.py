@@ -28,7 +28,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -38,7 +38,7 @@ from consumer.keys import Keys
 from consumer.lock import ConsumerLock, LockHeld, LockLost
 from consumer.redis_store import redis_errors
 from consumer.stats import ConsumerStats
-from rankstream.errors import ServiceUnavailable
+from rankstream.errors import ServiceError, ServiceUnavailable
 
 log = logging.getLogger("rankstream.consumer")
 
@@ -47,8 +47,22 @@ T = TypeVar("T")
 RETRYABLE = (redis.ConnectionError, redis.TimeoutError, ServiceUnavailable)
 
 
-class MirrorStale(Exception):
-    """Someone else wrote the prefix while we did not hold the lease: rebuild."""
+class MirrorStale(ServiceError):
+    """Someone else wrote the prefix while we did not hold the lease: rebuild.
+
+    The consumer rebuilds where it can (a batch, the final drain); anywhere else it
+    stops with this as its one-line error, and a restart reads Redis afresh.
+    """
+
+
+def settle_void(in_flight: Mapping[str, Callable[[], object]]) -> None:
+    """Wait for work made void by a rebuild: its errors are logged, never raised."""
+    for what, settle in in_flight.items():
+        try:
+            settle()
+        except Exception as exc:
+            log.warning("dropped before the rebuild", extra={"fields": {
+                "what": what, "error": repr(exc)[:300]}})
 
 
 @dataclass(frozen=True)
@@ -179,4 +193,5 @@ class Recovery:
             log.warning("lease re-taken; nobody wrote meanwhile, continuing")
             return
         log.warning("lease re-taken after a foreign write; rebuilding the mirror")
-        raise MirrorStale()
+        raise MirrorStale("another consumer wrote under this prefix while our lease had "
+                          "lapsed; the in-memory graph is stale")

@@ -66,9 +66,12 @@ def redis_errors(what: str) -> Iterator[None]:
 
     A refused password is a ServiceError, not "unavailable": redis-py raises it as a
     ConnectionError subclass, and retrying it only delayed the error by a minute.
+    ``redis.WatchError`` passes through untranslated.
     """
     try:
         yield
+    except redis.WatchError:
+        raise  # not a failure: a fenced write's signal, for Recovery.fenced
     except redis.AuthenticationError as exc:
         raise ServiceError(f"redis refused our credentials while {what}: {exc}") from exc
     except (redis.ConnectionError, redis.TimeoutError) as exc:

@@ -475,11 +475,12 @@ class ScorePublisher:
         """Chunks, swap, :meth:`finish`: the whole publication; repeatable after any
         error. False if the swap was refused (the records are reset: publish again)."""
         publication.attempts += 1
-        if publication.attempts > 1 and self.swapped_already(publication):
-            self.finish(publication)  # the last attempt committed; its reply was lost
-            return True
-        self.send_chunks(publication)
-        if not self.send_swap(publication, fence=fence):
-            return False
-        self.finish(publication)
+        with redis_errors("publishing scores"):
+            if publication.attempts > 1 and self.swapped_already(publication):
+                self.finish(publication)  # the last attempt committed; its reply was lost
+                return True
+            self.send_chunks(publication)
+            if not self.send_swap(publication, fence=fence):
+                return False
+            self.finish(publication)
         return True

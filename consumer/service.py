@@ -51,7 +51,7 @@ from consumer.options import ConsumeOptions
 from consumer.pacing import Pacing
 from consumer.prefetch import Fetched, Prefetcher
 from consumer.publishing import Publications
-from consumer.recovery import Backoff, MirrorStale, Recovery
+from consumer.recovery import Backoff, MirrorStale, Recovery, settle_void
 from consumer.redis_store import connect_redis
 from consumer.score_publisher import ScorePublisher
 from consumer.snapshot import leave_snapshot, snapshot_path
@@ -193,7 +193,11 @@ class ConsumerService:
                 self.step()
                 if self.caught_up():
                     self.request_stop("caught-up")
-            self.drain()
+            try:
+                self.drain()
+            except MirrorStale:  # as in step(): rebuild from Redis, then the last publication
+                self._rebuild()
+                self.drain()
             leave_snapshot(self.redis, self.keys, self.snapshot, self.mirror, self.publisher)
         finally:
             self.shutdown()
@@ -447,12 +451,8 @@ class ConsumerService:
                               {**recovery.committed[1], **planned.write.offsets})
 
     def _rebuild(self) -> None:
-        with contextlib.suppress(Exception):  # whatever was in flight is void now
-            self._collect_refresh()
-        with contextlib.suppress(Exception):
-            self._settle_commit()
-        with contextlib.suppress(Exception):
-            self.publications.wait()
+        settle_void({"refresh": self._collect_refresh, "graph transaction": self._settle_commit,
+                     "publication": self.publications.wait})
         self.publications.reset()  # the rebuilt mirror republishes every page
         self._unrefreshed = False
         self.batches.clear()

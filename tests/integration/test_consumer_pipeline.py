@@ -410,3 +410,37 @@ def test_an_idle_consumer_stops_when_another_takes_its_lease(isolated):
     assert not thread.is_alive(), "the idle consumer kept running beside the new holder"
     assert len(failures) == 1 and isinstance(failures[0], LockHeld)
     assert client.get(keys.lock) == other.encode()  # and it left the new lease alone
+
+
+def test_a_foreign_write_found_while_draining_rebuilds_then_publishes(isolated, monkeypatch):
+    """MirrorStale in the final drain (our lease lapsed and another consumer wrote):
+    the consumer rebuilds from Redis and publishes that, instead of crashing."""
+    from consumer.recovery import MirrorStale
+
+    settings = isolated.settings
+    keys = Keys(settings.key_prefix)
+    client = connect_redis(settings)
+    pages = [{"type": "page", "url": f"https://drain.example.org/{i}",
+              "links": [f"https://drain.example.org/{(i + 1) % 7}"]} for i in range(7)]
+    publish(settings, pages)
+    real_drain = ConsumerService.drain
+    mirrors: list[Any] = []
+
+    def drain(service: ConsumerService) -> None:
+        mirrors.append(service.mirror)
+        if len(mirrors) == 1:
+            client.hincrby(keys.graph, "version", 1)  # the other consumer's write
+            raise MirrorStale("simulated: a foreign write under the prefix")
+        real_drain(service)
+
+    monkeypatch.setattr(ConsumerService, "drain", drain)
+    consume(settings)
+    assert len(mirrors) == 2 and mirrors[1] is not mirrors[0]  # rebuilt in between
+    assert mirrors[1].counters.version == 8  # 7 events of ours + the foreign write
+    graph = offline_graph(pages)
+    for algorithm in ALGORITHMS:
+        meta = client.hgetall(keys.meta(algorithm))
+        assert meta[b"fresh"] == b"1" and meta[b"version"] == b"8"
+        exact = exact_scores(graph, algorithm, settings.damping)
+        assert l1(published(client, settings.key_prefix, algorithm), exact) <= float(
+            meta[b"bound"]) + 1e-9

@@ -13,6 +13,7 @@ from consumer.keys import Keys
 from consumer.lock import ConsumerLock, LockLost
 from consumer.redis_store import connect_redis
 from consumer.score_publisher import ScorePublisher
+from rankstream.errors import ServiceError
 from rankstream.services.testing import Isolated
 
 ALGORITHMS = ("pagerank", "wpr")
@@ -151,6 +152,23 @@ def test_the_swap_runs_at_most_once(isolated, client):
         publication.attempts = 1
         assert publisher.send(publication)
         check(client, keys, ranks, reports)
+
+
+@pytest.mark.parametrize("scripts", [True, False], ids=["script", "plain"])
+@pytest.mark.parametrize("attempts", [0, 1], ids=["first", "retry"])
+def test_a_redis_error_in_a_publication_is_a_service_error(isolated, client, scripts, attempts):
+    """WRONGTYPE from a key someone overwrote: one of ours, never a raw redis-py error."""
+    keys = Keys(isolated.key_prefix)
+    publisher = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6,
+                               publish_threshold=0.0, scripts=scripts)
+    ranks = FakeRanks(FakeGraph(), {})
+    publisher.reset()
+    evolve(np.random.default_rng(8), ranks, 0)
+    publication = publisher.prepare(ranks, exact_reports(ranks), version=1, offsets={})
+    client.set(keys.meta("pagerank"), "not a hash")
+    publication.attempts = attempts  # a retry first asks meta whether the swap ran
+    with pytest.raises(ServiceError, match="WRONGTYPE"):
+        publisher.send(publication)
 
 
 @pytest.mark.parametrize("scripts", [True, False], ids=["script", "plain"])
