@@ -2,7 +2,8 @@
 
 Every value can be set by an environment variable prefixed ``RANKSTREAM_``
 (``RANKSTREAM_REDIS_URL``, ``RANKSTREAM_KAFKA_BOOTSTRAP``, ...) or a ``.env`` file.
-Only :func:`rankstream.cli.main` calls :func:`load_settings`; library code takes
+Only the two entry points call :func:`load_settings`: :func:`rankstream.cli.main`
+and ``python -m rankstream.services`` (what ``./run`` calls). Library code takes
 explicit arguments and never reads ``os.environ``.
 """
 
