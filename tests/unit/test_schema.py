@@ -159,6 +159,11 @@ def test_ts_forms(ts: int | str, millis: int) -> None:
         (b'{"type": "page", "url": "http://a/", "links": [], "title": "\\udfff"}',
          "bad text: title: invalid unicode (lone surrogate)"),
         (b"[" * 100_000, "malformed JSON: nested too deeply"),
+        # Ambiguous: which type was meant? Refused rather than last-one-wins.
+        (b'{"type": "link_added", "type": "page", "url": "http://a/", "links": []}',
+         "malformed JSON: duplicate key 'type'"),
+        (b'{"type": "page", "url": "http://a/", "links": [{"url": "http://b/", '
+         b'"url": "http://c/"}]}', "malformed JSON: duplicate key 'url'"),
     ],
 )
 def test_error_reasons(data: bytes, expected: str) -> None:
