@@ -143,11 +143,13 @@ def push_queue(kind, damping, eps, max_work, stop_l1, l1, y, r, out_start, out_l
     the queue is empty, when ``max_work`` link visits are spent, or when the running
     ``||r||_1`` (``l1``, kept up to date per entry) drops to ``stop_l1``; the queue
     keeps what is left. Pages whose ``y`` changed are recorded once in ``touched``.
-    Returns ``(pushes, work, l1)``.
+    Returns ``(pushes, work, l1, y_mass)``, ``y_mass`` the sum of ``|y[m]|`` after each
+    push (what :func:`ranker.bounds.rounding_drift` needs).
     """
     mask = queue.size - 1
     pushes = 0
     work = 0
+    y_mass = 0.0
     count = qstate[T_COUNT]
     while qstate[Q_SIZE] > 0 and work <= max_work and l1 > stop_l1:
         m = queue[qstate[Q_HEAD]]
@@ -158,6 +160,7 @@ def push_queue(kind, damping, eps, max_work, stop_l1, l1, y, r, out_start, out_l
         if abs(mass) <= eps:
             continue
         y[m] += mass
+        y_mass += abs(y[m])
         r[m] = 0.0
         l1 -= abs(mass)
         count = _touch(m, touched, count, is_touched)
@@ -178,7 +181,7 @@ def push_queue(kind, damping, eps, max_work, stop_l1, l1, y, r, out_start, out_l
             if abs(rn) > eps:
                 qstate[Q_SIZE] = _enqueue(n, queue, qstate[Q_HEAD], qstate[Q_SIZE], inq)
     qstate[T_COUNT] = count
-    return pushes, work, l1
+    return pushes, work, l1, y_mass
 
 
 @njit(cache=True)

@@ -36,6 +36,43 @@ import numpy as np
 # Python docs graph, a refresh to 1e-16 claimed an L1 error 100x smaller than the true
 # one, measured in long double). The static solvers detect the same floor as a stall.
 MIN_TOLERANCE = 1e-12
+# float64's unit of rounding.
+EPS = float(np.finfo(np.float64).eps)
+# The damping MIN_TOLERANCE was chosen for (the default).
+_FLOOR_DAMPING = 0.85
+
+
+def tolerance_floor(damping: float) -> float:
+    """The smallest relative tolerance certifiable at ``damping``.
+
+    :data:`MIN_TOLERANCE` up to d = 0.85; above, it grows as ``1 / (1 - d)``, as the
+    bound divides the residual's rounding noise by ``1 - d``: at d = 0.9999 even an
+    exactly recomputed residual of a 40-page graph certified only 1.9e-10 for a vector
+    whose true relative error (long double) was 1.1e-12.
+    """
+    return MIN_TOLERANCE * max(1.0, (1.0 - _FLOOR_DAMPING) / (1.0 - damping))
+
+
+# The share of each target the push threshold leaves for rounding drift; a refresh
+# whose drift outgrows it recomputes r exactly (one pass over the links, about a
+# sweep). At d = 0.85 that takes millions of sweeps at the default relative tolerance
+# and tens of 1k-link batches at a per-page max_error of 1e-5 on 1M pages; near d = 1,
+# hundreds of sweeps. Aiming 1/16 lower costs a twentieth of a sweep or so per refresh.
+DRIFT_SHARE = 1.0 / 16.0
+
+
+def rounding_drift(damping: float, y_mass: float) -> float:
+    """How far (L1) the kept residual may drift from ``b + d*M*y - y`` by pushes.
+
+    A push ``y[m] += r[m]`` rounds ``y[m]`` by up to ``EPS * y[m]``, which changes the
+    true residual by up to ``(1 + d)`` times that, while the kept ``r`` assumes the
+    exact sum; ``y_mass`` is the sum of ``y[m]`` over the pushes. The kept residual's
+    own additions round relative to ``|r|``, which shrinks as a refresh converges:
+    not counted. Certificates divide this by ``1 - d`` too: near d = 1, with many
+    sweeps, it outgrows the tolerance (d = 0.9999, 794 sweeps: a relative bound of
+    9.9e-13 called fresh where the exactly recomputed one was 1.9e-10).
+    """
+    return (1.0 + damping) * EPS * y_mass
 
 
 def probability_bound(paper_bound: float, total: float) -> float:
@@ -73,12 +110,16 @@ def push_thresholds(*, tolerance: float, damping: float, total: float, y_max: fl
     reaches the target: an engine raises the scale to keep refreshes local and lowers
     it when the dust below the threshold alone exceeds the target. With
     ``max_error`` it is also capped so that :func:`max_abs_bound` is at most
-    ``max_error``.
+    ``max_error``. The threshold aims :data:`DRIFT_SHARE` below both targets: that
+    share is left for the residual's rounding drift (:func:`rounding_drift`), which
+    the certificates add.
     """
     d = damping
     target = tolerance * (1.0 - d) * total
-    floor = target / live_count
-    eps = min(max(floor * eps_scale, floor), target)
+    free = (1.0 - DRIFT_SHARE) * target
+    floor = free / live_count
+    eps = min(max(floor * eps_scale, floor), free)
     if max_error is not None:
-        eps = min(eps, max_error * (1.0 - d) / (max(y_max, 1.0 - d) + max_error))
+        cap = (1.0 - DRIFT_SHARE) * max_error
+        eps = min(eps, cap * (1.0 - d) / (max(y_max, 1.0 - d) + cap))
     return target, eps

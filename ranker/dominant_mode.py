@@ -237,6 +237,13 @@ class Deflation:
         """``sum`` and an upper bound of ``max`` of ``y + moved * v`` from those of ``y``."""
         return total + self.moved * self._v_sum, y_max + abs(self.moved) * self._v_max
 
+    def abs_mass(self, y_sum: float) -> float:
+        """An upper bound of ``sum |y|`` from ``y_sum = sum(y)`` while ``y`` owes
+        ``moved * v`` (``y`` itself may dip below 0 then; ``y + moved * v``, near the
+        exact scores, is taken to be non-negative)."""
+        owed = abs(self.moved) * self._v_sum
+        return abs(y_sum + self.moved * self._v_sum) + owed
+
     def finish(self, y: np.ndarray, touched: np.ndarray, qstate: np.ndarray,
                is_touched: np.ndarray) -> bool:
         """``y += moved * v`` (marking the pages touched); whether ``y`` changed."""

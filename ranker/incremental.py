@@ -10,7 +10,10 @@ tolerance semantics and the certified bounds, :mod:`ranker.refresh` for the
 local/global switch.
 
 Every ``recompute_every`` batches the residual is recomputed from scratch, so
-floating-point drift of the incremental updates never accumulates.
+floating-point drift of the incremental updates never accumulates. Between those,
+each certificate counts the rounding drift the pushes may have left in ``r``
+(:func:`ranker.bounds.rounding_drift`), and a refresh recomputes ``r`` when that
+drift outgrows its share of the target (near damping 1, after many sweeps).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ranker._thread_guard import ThreadGuard
-from ranker.bounds import MIN_TOLERANCE
+from ranker.bounds import tolerance_floor
 from ranker.edge_batches import AppliedBatch, EdgeBatch, sorted_unique
 from ranker.linkgraph import LinkGraph
 from ranker.residual import ALGORITHM_KINDS, ResidualEngine
@@ -71,7 +74,7 @@ class LiveRanks:
     ) -> None:
         if not 0.0 < damping < 1.0:
             raise InputError(f"damping must lie strictly between 0 and 1, got {damping!r}")
-        _check_tolerance(tolerance)
+        _check_tolerance(tolerance, damping)
         if not 0.0 <= publish_threshold < np.inf:  # NaN would publish nothing, ever
             raise InputError(f"publish_threshold must be finite and >= 0, got "
                              f"{publish_threshold!r}")
@@ -146,7 +149,8 @@ class LiveRanks:
                     # Hundreds of sweeps leave rounding in r, which a tolerance near the
                     # floating-point floor would mistake for progress: the report comes
                     # from a refresh of the recomputed residual, against the tolerance.
-                    solved = engine.refresh(mode="global", tolerance=0.25 * self.tolerance)
+                    solved = engine.refresh(mode="global", tolerance=max(
+                        0.25 * self.tolerance, tolerance_floor(self.damping)))
                     engine.stale = True  # recomputed by the refresh, no drift measured
                     report = engine.refresh()
                     report.mode, report.sweeps = "cold", report.sweeps + solved.sweeps
@@ -172,7 +176,7 @@ class LiveRanks:
 
         The same as :meth:`absorb` then :meth:`refresh` (see there for the arguments).
         """
-        _check_refresh_args(tolerance, max_sweeps)  # before the graph changes
+        _check_refresh_args(tolerance, max_sweeps, self.damping)  # before the graph changes
         self.absorb(batch)
         return self.refresh(tolerance=tolerance, max_sweeps=max_sweeps)
 
@@ -217,7 +221,7 @@ class LiveRanks:
         within a time budget); an unconverged report says so (``fresh`` false, the
         bound as reached), and a later refresh carries on from there.
         """
-        _check_refresh_args(tolerance, max_sweeps)
+        _check_refresh_args(tolerance, max_sweeps, self.damping)
         return {name: engine.refresh(tolerance=tolerance, max_sweeps=max_sweeps)
                 for name, engine in self.engines.items()}
 
@@ -246,10 +250,12 @@ class LiveRanks:
         return (sorted_unique(sources).astype(np.int32), sorted_unique(targets).astype(np.int32))
 
 
-def _check_tolerance(tolerance: float) -> None:
-    if not tolerance >= MIN_TOLERANCE:
-        raise InputError(f"tolerance must be at least {MIN_TOLERANCE:g} (relative; below it "
-                         f"the residual is float64 rounding noise), got {tolerance!r}")
+def _check_tolerance(tolerance: float, damping: float) -> None:
+    floor = tolerance_floor(damping)
+    if not tolerance >= floor:
+        raise InputError(f"tolerance must be at least {floor:.3g} at damping {damping:g} "
+                         f"(relative; below it the residual is float64 rounding noise), "
+                         f"got {tolerance!r}")
     # Relative to sum(y), an L1 bound of 1 or more certifies nothing about the scores:
     # any probability vector is within 2 of the exact one. Infinity would call every
     # vector fresh.
@@ -257,8 +263,9 @@ def _check_tolerance(tolerance: float) -> None:
         raise InputError(f"tolerance must be below 1 (a relative L1 bound), got {tolerance!r}")
 
 
-def _check_refresh_args(tolerance: float | None, max_sweeps: float | None) -> None:
+def _check_refresh_args(tolerance: float | None, max_sweeps: float | None,
+                        damping: float) -> None:
     if tolerance is not None:
-        _check_tolerance(tolerance)
+        _check_tolerance(tolerance, damping)
     if max_sweeps is not None and not 0.0 < max_sweeps < np.inf:
         raise InputError(f"max_sweeps must be positive and finite, got {max_sweeps!r}")

@@ -40,7 +40,7 @@ from ranker import _kernels as K
 from ranker import _scaled_sweep as SK
 from ranker import _split_sweep as SS
 from ranker._thread_guard import clocks
-from ranker.bounds import max_abs_bound
+from ranker.bounds import DRIFT_SHARE, max_abs_bound, rounding_drift
 from ranker.dominant_mode import Deflation
 from ranker.results import RefreshReport
 
@@ -108,6 +108,7 @@ class Refresh:
         # y grows where links were added; the threshold is re-derived from the exact
         # maximum after every pass, so an underestimate here only costs a pass.
         self.y_max = e.y_max
+        self.deflation = Deflation(None, self.n)  # PageRank's instead of omega
         self.target, self.eps = self.thresholds()
         self.l1, self.peak = e.l1, np.inf
         # The floor keeps small graphs local; local_work = 0: sweeps for every change.
@@ -145,7 +146,6 @@ class Refresh:
         # d * omega > 1 grows r geometrically along swept paths (d = 0.95, 1.15: 1e44).
         self.omega = (max(1.0, min(e.omega, 0.98 / d))
                       if e.relax and not self.probe and not self.capped else 1.0)
-        self.deflation = Deflation(None, self.n)  # PageRank's instead of omega
         # WPR's sweeps run over r scaled by each page's factor (ranker._scaled_sweep),
         # converted before the first and back in report().
         self.scaled = False
@@ -173,12 +173,13 @@ class Refresh:
         Returns ``(sum(y), max(y))``."""
         e = self.engine
         n = self.n
-        p, w, e.l1 = K.push_queue(e.kind, e.damping, self.eps, self.budget - self.work, -1.0,
-                                  e.l1, e.y, e.r, *e.arrays(), e.queue, e.qstate, e.inq,
-                                  e.touched, e.is_touched)
+        p, w, e.l1, y_mass = K.push_queue(
+            e.kind, e.damping, self.eps, self.budget - self.work, -1.0, e.l1, e.y, e.r,
+            *e.arrays(), e.queue, e.qstate, e.inq, e.touched, e.is_touched)
         self.pushes += p
         self.work += w
         self.l1, self.peak, _, y_sum, y_max = K.stats_along(e.r, n, e.r[:0], e.y)
+        e.drift += rounding_drift(e.damping, y_mass)
         if e.qstate[K.Q_SIZE] > 0:  # out of budget
             self.mode = "global"
             K.clear_queue(e.queue, e.qstate, e.inq)
@@ -246,6 +247,8 @@ class Refresh:
         self.pushes += p
         self.work += w
         self.sweeps += 1
+        # A sweep pushes each page at most once, and y[m] changes only then.
+        e.drift += rounding_drift(e.damping, self.deflation.abs_mass(y_sum))
         # The next sweep's pushes, if they shrink as they just did. The queue pushes
         # plainly, so it only takes over from plain sweeps: without the mode's removal
         # a cyclic PageRank refresh after a 10-link batch, its sweeps pushing ~2% of
@@ -264,11 +267,12 @@ class Refresh:
         n = self.n
         self.unscale()
         K.enqueue_above(n, self.eps, e.r, e.queue, e.qstate, e.inq)
-        p, w, _ = K.push_queue(e.kind, e.damping, self.eps, self.global_budget - self.global_work,
-                               -1.0, self.l1, e.y, e.r, *e.arrays(), e.queue, e.qstate, e.inq,
-                               e.touched, e.is_touched)
+        p, w, _, y_mass = K.push_queue(
+            e.kind, e.damping, self.eps, self.global_budget - self.global_work, -1.0, self.l1,
+            e.y, e.r, *e.arrays(), e.queue, e.qstate, e.inq, e.touched, e.is_touched)
         K.clear_queue(e.queue, e.qstate, e.inq)  # left over only when out of budget
         self.l1, self.peak, _, y_sum, y_max = K.stats_along(e.r, n, e.r[:0], e.y)
+        e.drift += rounding_drift(e.damping, y_mass)
         self.global_work += w
         self.pushes += p
         self.work += w
@@ -289,13 +293,20 @@ class Refresh:
         e.l1 = self.l1
         self.total, self.y_max = self.deflation.bounds(y_sum, y_max)
         self.target, self.eps = self.thresholds()
-        if (self.l1 <= self.target
-                and max_abs_bound(self.peak, self.y_max, e.damping) <= e.error_cap):
+        drift = self.drift()
+        if self.certified(drift):
             return True
+        if self.certified(0.0) and (drift > DRIFT_SHARE * self.target
+                                    or drift / (1.0 - e.damping) > DRIFT_SHARE * e.error_cap):
+            # The rounding the pushes may have left in r outgrew its share (see
+            # ranker.bounds.DRIFT_SHARE) and stands in the way: recompute r exactly.
+            self.recompute_exactly()
+            if self.certified(0.0):
+                return True
         if self.mode == "global" and (self.sweeps >= e.max_sweeps
                                       or self.global_work >= self.global_budget):
             return True  # reported as not fresh
-        if self.peak <= self.eps and self.l1 > self.target:
+        if self.peak <= self.eps and self.l1 + self.drift() > self.target:
             # The dust below the threshold alone exceeds the target: go finer.
             floor = self.target / self.live_count
             finer = min(self.eps / 4.0, self.peak / 2.0)  # below the peak, so something moves
@@ -306,6 +317,32 @@ class Refresh:
                 and K.enqueue_above(self.n, self.eps, e.r, e.queue, e.qstate,
                                     e.inq) == 0)  # only rounding noise is left: not fresh
 
+    def drift(self) -> float:
+        """The kept residual's possible rounding drift, the deflation's owed shift's
+        included (:func:`ranker.bounds.rounding_drift`)."""
+        owed = self.deflation.moved != 0.0
+        return self.engine.drift + (rounding_drift(self.engine.damping, abs(self.total))
+                                    if owed else 0.0)
+
+    def certified(self, drift: float) -> bool:
+        """Both bounds within their targets, with ``drift`` added to ``||r||_1``: no
+        entry of ``(I - d*M)^-1`` exceeds ``1 / (1 - d)``, so it adds at most
+        ``drift / (1 - d)`` to any page's error."""
+        e = self.engine
+        per_page = max_abs_bound(self.peak, self.y_max, e.damping) + drift / (1.0 - e.damping)
+        return self.l1 + drift <= self.target and per_page <= e.error_cap
+
+    def recompute_exactly(self) -> None:
+        """``r`` from scratch for ``y`` as it stands (the owed shift paid first)."""
+        e = self.engine
+        self.unscale()
+        if self.deflation.finish(e.y, e.touched, e.qstate, e.is_touched):
+            e.drift += rounding_drift(e.damping, abs(self.total))
+        e.recompute()
+        self.l1, self.peak, _, y_sum, y_max = K.stats_along(e.r, self.n, e.r[:0], e.y)
+        self.total, self.y_max = y_sum, y_max
+        self.target, self.eps = self.thresholds()
+
     def report(self) -> RefreshReport:
         """Settle ``y``, learn for the next refresh, and report what was reached."""
         e = self.engine
@@ -314,6 +351,7 @@ class Refresh:
         d = e.damping
         self.unscale()
         if self.deflation.finish(e.y, e.touched, e.qstate, e.is_touched):
+            e.drift += rounding_drift(d, abs(self.total))
             self.total, self.y_max = K.sum_max(e.y, n)
         if self.sweeps and self.probe and self.sweeps >= 3 and self.global_start > 0.0:
             e.last_rate = (max(self.l1, 1e-300) / self.global_start) ** (1.0 / self.sweeps)
@@ -327,8 +365,9 @@ class Refresh:
                                 g.live_mask(), e.y, e.published, e.publish_threshold)
         e.total = self.total
         e.y_max = self.y_max
-        e.bound = self.l1 / (1.0 - d)
-        max_abs = min(max_abs_bound(self.peak, self.y_max, d), e.bound)
+        # The certificate counts the rounding drift the kept r cannot show.
+        e.bound = (self.l1 + e.drift) / (1.0 - d)
+        max_abs = min(max_abs_bound(self.peak, self.y_max, d) + e.drift / (1.0 - d), e.bound)
         relative = (e.bound / self.total if self.total > 0
                     else (0.0 if self.l1 == 0 else np.inf))
         fresh = relative <= self.tol and max_abs <= e.error_cap

@@ -114,6 +114,10 @@ class ResidualEngine:
         self.queue = np.zeros(16, dtype=np.int32)
         self.qstate = np.zeros(K.QSTATE_SLOTS, dtype=np.int64)
         self.l1 = 0.0  # running ||r||_1, exact after every refresh
+        # How far r may have drifted from b + d*M*y - y by rounding since it was last
+        # recomputed (ranker.bounds.rounding_drift); a refresh recomputes r before
+        # calling y fresh if that could matter.
+        self.drift = 0.0
         self.pending_work = 0
         self.rescan = False  # queue every page above the threshold at the next refresh
         # r awaits a recomputation at the next refresh: column updates meanwhile are skipped.
@@ -404,6 +408,7 @@ class ResidualEngine:
         K.clear_queue(self.queue, self.qstate, self.inq)
         self.rescan = True
         self.stale = False
+        self.drift = 0.0
 
     def load(self, y: np.ndarray) -> None:
         """Take ``y`` as the current estimate (dead pages zeroed), residual recomputed."""
@@ -426,7 +431,7 @@ class ResidualEngine:
         return np.inf if self.max_error is None else self.max_error
 
     def thresholds(self, total: float, y_max: float, live_count: int, tolerance: float
-                    ) -> tuple[float, float]:
+                   ) -> tuple[float, float]:
         return push_thresholds(tolerance=tolerance, damping=self.damping, total=total,
                                y_max=y_max, live_count=live_count, eps_scale=self.eps_scale,
                                max_error=self.max_error)

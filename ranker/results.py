@@ -68,8 +68,10 @@ class RefreshReport:
         algorithm: "pagerank" or "wpr".
         fresh: the certified relative bound is within the tolerance (and every
             ``max_abs_bound <= max_error`` when that is set). Never true otherwise.
-        bound: certified ``||y_exact - y||_1 <= ||r||_1 / (1 - d)``, paper scale,
-            with ``||r||_1`` recomputed exactly at the end of the refresh.
+        bound: certified ``||y_exact - y||_1 <= (||r||_1 + drift) / (1 - d)``, paper
+            scale: ``||r||_1`` of the kept residual, summed exactly at the end of the
+            refresh, and ``drift`` the rounding that the pushes since ``r`` was last
+            recomputed may have left in it (:func:`ranker.bounds.rounding_drift`).
         total: ``sum(y)``.
         moved_ids: live pages whose ``y`` moved by more than the publish threshold
             since they were last published; ``moved_scores`` their new ``y``.

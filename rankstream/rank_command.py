@@ -42,7 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--algorithm", default="pagerank", help="pagerank | wpr | hits")
     parser.add_argument("--damping", type=float, default=None, help="default: settings")
     parser.add_argument(
-        "--tolerance", type=float, default=1e-12, help="certified error bound to reach"
+        "--tolerance", type=float, default=None,
+        help="certified relative error bound to reach (default: the tightest certifiable, "
+        "1e-12 up to damping 0.85; HITS: 1e-12)",
     )
     parser.add_argument("--scale", default="paper", help="paper | probability (PageRank)")
     parser.add_argument("--top", type=int, default=None, help="print only the first K rows")
@@ -66,7 +68,7 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError("--batch-size must be at least 1")
     if args.top is not None and args.top < 1:
         raise InputError("--top must be at least 1")
-    if not 0.0 < args.tolerance < 1.0:
+    if args.tolerance is not None and not 0.0 < args.tolerance < 1.0:
         raise InputError(f"--tolerance must lie strictly between 0 and 1, got {args.tolerance:g}")
     if args.damping is not None and not 0.0 < args.damping < 1.0:
         raise InputError("--damping must lie strictly between 0 and 1")
@@ -82,10 +84,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     # Imported here so `rankstream --help` stays fast and numba compiles only when used.
     from producer.schema import Limits
     from ranker import LinkGraph, LiveRanks, hits, pagerank, weighted_pagerank
+    from ranker.bounds import MIN_TOLERANCE, tolerance_floor
 
     _check(args)
     limits = Limits.from_settings(settings)
     damping = settings.damping if args.damping is None else args.damping
+    if args.tolerance is None:
+        args.tolerance = MIN_TOLERANCE if args.algorithm == "hits" else tolerance_floor(damping)
     graph = LinkGraph.from_edges(*read_edges(args.edges)) if args.edges else LinkGraph()
 
     if args.algorithm == "hits":
