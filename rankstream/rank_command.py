@@ -89,19 +89,20 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     _check(args)
     limits = Limits.from_settings(settings)
     damping = settings.damping if args.damping is None else args.damping
-    if args.tolerance is None:
-        args.tolerance = MIN_TOLERANCE if args.algorithm == "hits" else tolerance_floor(damping)
+    tolerance = args.tolerance
+    if tolerance is None:
+        tolerance = MIN_TOLERANCE if args.algorithm == "hits" else tolerance_floor(damping)
     graph = LinkGraph.from_edges(*read_edges(args.edges)) if args.edges else LinkGraph()
 
     if args.algorithm == "hits":
         for batch in _edge_batches(graph, args, limits):
             graph.apply(batch)
-        result = hits(graph.to_csr(), tol=args.tolerance, max_iter=settings.max_iter)
+        result = hits(graph.to_csr(), tol=tolerance, max_iter=settings.max_iter)
         if args.verify:
             # Said rather than skipped silently: there is no incremental HITS, so the
             # scores printed are the cold solve itself.
             sys.stderr.write("verify: HITS has no incremental path; the scores are a cold "
-                             f"solve (tolerance {args.tolerance:g})\n")
+                             f"solve (tolerance {tolerance:g})\n")
         alive = graph.live_mask()
         _print_hits(graph, result.hubs, result.authorities, alive, args.top)
         return 0
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         graph,
         algorithms=(args.algorithm,),
         damping=damping,
-        tolerance=args.tolerance,
+        tolerance=tolerance,
         publish_threshold=0.0,
         max_iter=settings.max_iter,
     )
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if not report.fresh:
         # The scores printed are the last refresh's: never print them as converged.
         raise ConvergenceError(
-            f"{args.algorithm} did not reach --tolerance {args.tolerance:g} within "
+            f"{args.algorithm} did not reach --tolerance {tolerance:g} within "
             f"{settings.max_iter} sweeps (relative bound {report.relative_bound:.3g}); "
             f"raise RANKSTREAM_MAX_ITER or the tolerance",
             iterations=report.sweeps, error=report.bound)
