@@ -233,11 +233,7 @@ class LiveRanks:
         in-neighbourhoods of hubs into WPR's column set.
         """
         graph = self.graph
-        n = graph.num_ids
-        for name in ("insert_src", "insert_dst", "delete_src", "delete_dst", "removed_pages"):
-            ids = getattr(batch, name)
-            if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
-                raise InputError(f"{name} holds an id outside 0..{n - 1}", where="EdgeBatch")
+        graph.check_batch(batch)
         removed = sorted_unique(batch.removed_pages)
         removed = removed[graph.live_mask()[removed]] if removed.size else removed
         present = graph.links_exist(batch.delete_src, batch.delete_dst)

@@ -10,7 +10,8 @@ the other direction, so deleting a link into a hub with a million in-links costs
 O(out-degree of the source), not a scan of the hub's in-row.
 
 Memory: 16 bytes per link (neighbour + twin, both directions) times the slack of
-row capacities and pool growth, plus 25 bytes per page. Key strings are extra.
+row capacities and pool growth, plus 33 bytes per page of id capacity. Key strings
+are extra.
 """
 
 from __future__ import annotations
@@ -37,12 +38,17 @@ Adjacency = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                   np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
-# Compact when the pools (slack, garbage) push memory past this, so the graph stays
-# within the 40 bytes/link budget. Compaction leaves every row 1/8 spare capacity and
-# the pools 1/8 headroom: without the rows' spare, a growing graph re-grew every
-# row that gained a link (all the hubs) after each compaction, and so compacted
-# again after every 50k-link batch (measured: 56 compactions in 60 batches).
-COMPACT_BYTES_PER_LINK = 38
+# Compact when the pools (slack, garbage) pass this many bytes per link, so the graph
+# stays within the 40 bytes/link budget: the per-page arrays add 33 bytes per page,
+# about 4 per link at the web's ~8 links per page. Only the pools count, as only they
+# shrink: with the per-page arrays counted too, a graph with about as many pages as
+# links (a crawl frontier) compacted after every batch (2M pages and links: a 10-link
+# batch took 21 ms instead of 0.13). Compaction leaves every row 1/8 spare capacity
+# and the pools 1/8 headroom (about 20 bytes per link): without the rows' spare, a
+# growing graph re-grew every row that gained a link (all the hubs) after each
+# compaction, and so compacted again after every 50k-link batch (measured: 56
+# compactions in 60 batches).
+COMPACT_POOL_BYTES_PER_LINK = 34
 ROW_SPARE_SHIFT = 3
 COMPACT_MIN_LINKS = 4096
 # A batch with fewer link ends than 1/SORT_BELOW_SHARE of the ids groups them by sorting.
@@ -119,6 +125,8 @@ class LinkGraph:
         """Id of ``key``, assigning the next one if new; revives a removed page."""
         page = self._index.get(key)
         if page is None:
+            if type(key) is not str:  # 1, 1.0 and True would share one id
+                raise InputError(f"page keys must be strings, got {type(key).__name__}")
             page = len(self._keys)
             if page >= self._node_cap:
                 self._grow_nodes(page + 1)
@@ -169,7 +177,7 @@ class LinkGraph:
         return self._index.get(key)
 
     def key_of(self, page_id: int) -> str:
-        return self._keys[page_id]
+        return self._keys[self._page(page_id)]
 
     def is_live(self, page_id: int) -> bool:
         """Interned and not removed."""
@@ -180,19 +188,37 @@ class LinkGraph:
         return self._live[: self.num_ids].copy()
 
     # ------------------------------------------------------------------ queries
+    def _page(self, page_id: int) -> int:
+        # Not numpy's indexing: -1 would read the last page, and past the end of the
+        # capacity is an IndexError (beyond it, a kernel would read out of bounds).
+        if not 0 <= page_id < self.num_ids:
+            raise InputError(f"no page id {page_id!r} (ids are 0..{self.num_ids - 1})")
+        return int(page_id)
+
+    def checked_ids(self, values: object, name: str, *, where: str | None = None
+                    ) -> np.ndarray:
+        """``values`` as int32 ids of pages of this graph, or InputError naming ``name``."""
+        ids = as_ids(values, name)
+        n = self.num_ids
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
+            raise InputError(f"{name} holds an id outside 0..{n - 1}", where=where or name)
+        return ids
+
     def out_links(self, page_id: int) -> np.ndarray:
-        s = int(self.out_start[page_id])
-        return self.out_nbr[s : s + int(self.out_len[page_id])].copy()
+        page = self._page(page_id)
+        s = int(self.out_start[page])
+        return self.out_nbr[s : s + int(self.out_len[page])].copy()
 
     def in_links(self, page_id: int) -> np.ndarray:
-        s = int(self.in_start[page_id])
-        return self.in_nbr[s : s + int(self.in_len[page_id])].copy()
+        page = self._page(page_id)
+        s = int(self.in_start[page])
+        return self.in_nbr[s : s + int(self.in_len[page])].copy()
 
     def out_degree(self, page_id: int) -> int:
-        return int(self.out_len[page_id])
+        return int(self.out_len[self._page(page_id)])
 
     def in_degree(self, page_id: int) -> int:
-        return int(self.in_len[page_id])
+        return int(self.in_len[self._page(page_id)])
 
     def has_link(self, src: int, dst: int) -> bool:
         if not (0 <= src < self.num_ids and 0 <= dst < self.num_ids):
@@ -208,20 +234,24 @@ class LinkGraph:
 
     def gather_out(self, pages: np.ndarray) -> np.ndarray:
         """Out-neighbours of ``pages`` concatenated (repeats kept)."""
-        return K.gather_rows(as_ids(pages, "pages"), self.out_start, self.out_len, self.out_nbr)
+        return K.gather_rows(self.checked_ids(pages, "pages"), self.out_start, self.out_len,
+                             self.out_nbr)
 
     def gather_in(self, pages: np.ndarray) -> np.ndarray:
         """In-neighbours of ``pages`` concatenated (repeats kept)."""
-        return K.gather_rows(as_ids(pages, "pages"), self.in_start, self.in_len, self.in_nbr)
+        return K.gather_rows(self.checked_ids(pages, "pages"), self.in_start, self.in_len,
+                             self.in_nbr)
 
     # ------------------------------------------------------------------ updates
+    def check_batch(self, batch: EdgeBatch) -> None:
+        """InputError unless every id ``batch`` names is a page of this graph."""
+        for name in ("insert_src", "insert_dst", "delete_src", "delete_dst", "removed_pages"):
+            self.checked_ids(getattr(batch, name), name, where="EdgeBatch")
+
     def apply(self, batch: EdgeBatch) -> AppliedBatch:
         """Apply removals, deletions, insertions (in that order); report what changed."""
         n = self.num_ids
-        for name in ("insert_src", "insert_dst", "delete_src", "delete_dst", "removed_pages"):
-            ids = getattr(batch, name)
-            if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
-                raise InputError(f"{name} holds an id outside 0..{n - 1}", where="EdgeBatch")
+        self.check_batch(batch)
         # Only pages a batch inserts links at, and those interned or revived since the
         # last apply (_pending_live), can be new: looking at them alone saves two passes
         # over every id per batch (1M ids: ~4 ms).
@@ -264,7 +294,7 @@ class LinkGraph:
         new_pages = candidates[self._live[candidates] & ~was_live].astype(np.int32)
         if self._garbage > max(self._out_used + self._in_used, 1 << 16) // 2 or (
                 self.num_links >= COMPACT_MIN_LINKS
-                and self.memory_bytes() > COMPACT_BYTES_PER_LINK * self.num_links):
+                and self._pool_bytes() > COMPACT_POOL_BYTES_PER_LINK * self.num_links):
             self.compact()
         return AppliedBatch(ins_src, ins_dst, del_src.astype(np.int32), del_dst.astype(np.int32),
                             removed.astype(np.int32), new_pages)
@@ -420,8 +450,12 @@ class LinkGraph:
     def memory_bytes(self) -> int:
         """Bytes held by the adjacency and per-page arrays (key strings excluded)."""
         arrays = (self._live, self.out_start, self.out_len, self.out_cap, self.in_start,
-                  self.in_len, self.in_cap, self.out_nbr, self.out_twin, self.in_nbr, self.in_twin)
-        return int(sum(a.nbytes for a in arrays))
+                  self.in_len, self.in_cap)
+        return int(sum(a.nbytes for a in arrays)) + self._pool_bytes()
+
+    def _pool_bytes(self) -> int:
+        return int(sum(a.nbytes for a in (self.out_nbr, self.out_twin, self.in_nbr,
+                                          self.in_twin)))
 
     # ------------------------------------------------------------------ bulk load
     @classmethod
@@ -432,6 +466,8 @@ class LinkGraph:
         both = np.asarray(list(src_keys) + list(dst_keys), dtype=object)
         if both.size == 0:
             return cls()
+        if not all(type(key) is str for key in both):
+            raise InputError("page keys must be strings", where="from_edges")
         keys, inverse = np.unique(both, return_inverse=True)
         inverse = inverse.astype(np.int32)
         m = len(src_keys)

@@ -122,7 +122,10 @@ def damped_transpose(weights: sp.csr_array, damping: float) -> sp.csr_array:
 
 def check_damping(damping: float) -> float:
     """Return ``damping`` as float; raise :class:`InputError` unless 0 < d < 1."""
-    value = float(damping)
+    try:
+        value = float(damping)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"damping must be a number, got {damping!r}") from exc
     if not 0.0 < value < 1.0:
         raise InputError(f"damping must lie strictly between 0 and 1, got {damping!r}")
     return value
@@ -130,7 +133,8 @@ def check_damping(damping: float) -> float:
 
 def check_iteration_args(tol: float, max_iter: int) -> None:
     """Raise :class:`InputError` for a non-positive tolerance or iteration cap."""
-    if not (math.isfinite(tol) and tol > 0.0):
+    if not (isinstance(tol, int | float | np.integer | np.floating)
+            and not isinstance(tol, bool) and math.isfinite(tol) and tol > 0.0):
         raise InputError(f"tol must be a positive finite number, got {tol!r}")
     if isinstance(max_iter, bool) or not isinstance(max_iter, int | np.integer) or max_iter < 1:
         raise InputError(f"max_iter must be a positive integer, got {max_iter!r}")
@@ -241,13 +245,14 @@ def teleport_base(
     if not (t >= 0.0).all():
         raise InputError("teleport must be non-negative", where="teleport")
     t[~live] = 0.0
-    total = float(t.sum())
     num_live = int(np.count_nonzero(live))
     if num_live == 0:
         return t  # all zeros: no live page to teleport to
-    if total <= 0.0:
+    peak = float(t.max())
+    if peak <= 0.0:
         raise InputError("teleport must put positive weight on some live page", where="teleport")
-    t *= (1.0 - damping) * num_live / total
+    t /= peak  # first: the sum of weights near 1e308 overflows, near 5e-324 underflows
+    t *= (1.0 - damping) * num_live / float(t.sum())
     return t
 
 

@@ -268,6 +268,49 @@ def test_bad_batches_are_input_errors() -> None:
         LinkGraph.from_id_edges(np.array([0, 2**32 + 1]), np.array([1, 0]), ["a", "b"])
     with pytest.raises(InputError, match="differ in length"):
         graph.links_exist(np.array([0, 1, 0]), np.array([1]))
+    for key in (1, 1.0, True, None):
+        with pytest.raises(InputError, match="strings"):
+            graph.intern(key)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="strings"):
+        LinkGraph.from_edges([1, "1"], ["x", "y"])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("page", [-1, 2, 10**7])
+def test_ids_outside_the_graph_are_input_errors_not_aliases_or_wild_reads(page: int) -> None:
+    """-1 used to read the last page, and gather_out([10**7]) crashed the process."""
+    graph = LinkGraph.from_edges(["a"], ["b"])
+    for query in (graph.out_links, graph.in_links, graph.out_degree, graph.in_degree,
+                  graph.key_of):
+        with pytest.raises(InputError, match="no page id"):
+            query(page)
+    for gather in (graph.gather_out, graph.gather_in):
+        with pytest.raises(InputError, match=r"outside 0\.\.1"):
+            gather(np.array([0, page]))
+
+
+def test_a_graph_with_as_many_pages_as_links_does_not_compact_every_batch(
+        monkeypatch) -> None:
+    """A crawl frontier: the per-page arrays alone pass the per-link budget, and
+    compacting cannot shrink them."""
+    compactions = 0
+    compact = LinkGraph.compact
+
+    def counted(self: LinkGraph) -> None:
+        nonlocal compactions
+        compactions += 1
+        compact(self)
+
+    monkeypatch.setattr(LinkGraph, "compact", counted)
+    rng = np.random.default_rng(6)
+    graph = LinkGraph()
+    for _ in range(30):
+        first = graph.num_ids
+        new = graph.intern_many([f"p{first + i}" for i in range(2200)])
+        src = rng.choice(new, 2000).astype(np.int32)
+        dst = rng.integers(0, graph.num_ids, 2000).astype(np.int32)
+        graph.apply(EdgeBatch(insert_src=src, insert_dst=dst))
+    assert graph.num_links > 50_000 and graph.num_ids > graph.num_links
+    assert compactions <= 3
 
 
 def test_a_growing_graph_stays_within_the_memory_budget_without_compacting_every_batch(

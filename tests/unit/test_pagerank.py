@@ -217,6 +217,10 @@ def test_residual_that_stops_shrinking_fails_before_max_iter() -> None:
         (sp.csr_array((2, 2)), {"damping": 1.0}, "damping"),
         (sp.csr_array((2, 2)), {"damping": 1.5}, "damping"),
         (sp.csr_array((2, 2)), {"tol": 0.0}, "tol"),
+        (sp.csr_array((2, 2)), {"tol": None}, "tol"),
+        (sp.csr_array((2, 2)), {"tol": "1e-3"}, "tol"),
+        (sp.csr_array((2, 2)), {"damping": "x"}, "damping must be a number"),
+        (sp.csr_array((2, 2)), {"damping": None}, "damping must be a number"),
         (sp.csr_array((2, 2)), {"max_iter": 0}, "max_iter"),
         (sp.csr_array((2, 2)), {"scale": "log"}, "scale"),
         (sp.csr_array((2, 2)), {"teleport": [1.0, -1.0]}, "non-negative"),
@@ -234,6 +238,15 @@ def test_bad_input_raises_input_error(matrix: object, kwargs: dict[str, object],
                                       message: str) -> None:
     with pytest.raises(InputError, match=message):
         pagerank(matrix, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("weight", [1e308, 5e-324])
+def test_teleport_weights_at_the_ends_of_float64_are_only_a_direction(weight: float) -> None:
+    """Their sum overflowed to inf (all-zero scores, certified) or the scaling did."""
+    matrix = adjacency_matrix(3, FIG2_EDGES)
+    uniform = pagerank(matrix).scores
+    np.testing.assert_allclose(pagerank(matrix, teleport=[weight] * 3).scores, uniform,
+                               rtol=1e-9)
 
 
 def test_all_dead_graph_scores_zero() -> None:
