@@ -4,48 +4,94 @@ Both readers take bytes and number the lines themselves: a text-mode reader deco
 ahead in chunks, so a bad byte would be reported a thousand lines early, and a
 truncated gzip member at whatever line the decoder had reached. gzip is recognised
 by its magic bytes, not by the file name, so a compressed log without ``.gz`` (or a
-plain one with it) is read as what it is.
+plain one with it) is read as what it is. ``-`` is standard input.
+
+A file is opened once and its magic bytes are peeked at, never read and reopened:
+a pipe (``/dev/stdin``, ``<(...)``) cannot give back what a probe took, and reading
+one twice silently lost its first 8 KiB.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
+import stat
+import sys
 import zlib
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, cast
 
 from rankstream.errors import InputError
 
 GZIP_MAGIC = b"\x1f\x8b"
+UTF8_BOM = b"\xef\xbb\xbf"
+STDIN = "-"
 
 
-def open_input(path: str | os.PathLike[str]) -> IO[bytes]:
-    """Open ``path`` for reading bytes, gunzipping it when it is gzip data.
+def _unreadable(name: str, exc: OSError) -> InputError:
+    if isinstance(exc, FileNotFoundError):
+        return InputError("cannot read: no such file", where=name)
+    if isinstance(exc, IsADirectoryError):
+        return InputError("cannot read: is a directory, not a file", where=name)
+    if isinstance(exc, PermissionError):
+        return InputError("cannot read: permission denied", where=name)
+    return InputError(f"cannot read: {exc.strerror or exc}", where=name)
+
+
+def _opened(name: str) -> IO[bytes]:
+    """``name`` opened for buffered binary reading, or InputError with a short reason."""
+    if name == STDIN:
+        return sys.stdin.buffer
+    try:
+        return open(name, "rb")
+    except OSError as exc:
+        raise _unreadable(name, exc) from exc
+
+
+def check_readable(path: str | os.PathLike[str]) -> None:
+    """InputError, worded as :func:`open_input` words it, if ``path`` cannot be read.
+
+    A regular file is opened and closed; a pipe or device is only looked up, since
+    opening and closing its reading end could cut off the process writing to it.
+    """
+    name = os.fspath(path)
+    if name == STDIN:
+        return
+    try:
+        mode = os.stat(name).st_mode
+    except OSError as exc:
+        raise _unreadable(name, exc) from exc
+    if stat.S_ISDIR(mode):
+        raise _unreadable(name, IsADirectoryError(name))
+    if stat.S_ISREG(mode):
+        _opened(name).close()
+
+
+@contextlib.contextmanager
+def open_input(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
+    """``path`` open for reading bytes, gunzipped when it is gzip data.
 
     Raises :class:`InputError` (``where=path``) with a short reason when it cannot
     be opened: ``no such file``, ``is a directory``, ``permission denied``, or the
     system's message.
     """
     name = os.fspath(path)
-    try:
-        with open(name, "rb") as probe:
-            gzipped = probe.read(2) == GZIP_MAGIC
+    raw = _opened(name)
+    closing = contextlib.nullcontext(raw) if name == STDIN else raw
+    with closing:
+        gzipped = getattr(raw, "peek", lambda _n: b"")(2)[:2] == GZIP_MAGIC
         if gzipped:
-            return gzip.open(name, "rb")  # type: ignore[return-value]
-        return open(name, "rb")
-    except FileNotFoundError as exc:
-        raise InputError("cannot read: no such file", where=name) from exc
-    except IsADirectoryError as exc:
-        raise InputError("cannot read: is a directory, not a file", where=name) from exc
-    except PermissionError as exc:
-        raise InputError("cannot read: permission denied", where=name) from exc
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", where=name) from exc
+            with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
+                yield cast(IO[bytes], unzipped)  # a BufferedIOBase: what the readers use
+        else:
+            yield raw
 
 
 def numbered_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
-    """Yield ``(line_no, line)`` from 1, the line's bytes without the newline.
+    """Yield ``(line_no, line)`` from 1, the line's bytes without the newline (and
+    without a UTF-8 byte order mark at the start of the file, which would otherwise
+    become part of the first key or break the first event's JSON).
 
     A read error (a truncated or corrupt gzip stream, an I/O error) raises
     :class:`InputError` naming ``path:line`` of the line that could not be read.
@@ -55,6 +101,8 @@ def numbered_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
         line_no = 0
         try:
             for line_no, line in enumerate(stream, start=1):
+                if line_no == 1 and line.startswith(UTF8_BOM):
+                    line = line[len(UTF8_BOM):]
                 yield line_no, line.rstrip(b"\r\n")
         except (OSError, EOFError, zlib.error) as exc:
             raise InputError(f"cannot read: {exc}", where=f"{name}:{line_no + 1}") from exc

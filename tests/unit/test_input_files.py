@@ -1,0 +1,61 @@
+"""Line readers of edge lists and event logs: pipes, stdin, gzip and byte order marks."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from rankstream.errors import InputError
+from rankstream.input_files import check_readable, numbered_lines
+
+LINES = [f"p{i}\tp{(i * 7 + 1) % 5000}".encode() for i in range(5000)]  # ~60 KB
+
+
+def _fifo_with(tmp_path: Path, data: bytes) -> Path:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with open(fifo, "wb") as sink:
+            sink.write(data)
+
+    threading.Thread(target=write, daemon=True).start()
+    return fifo
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["plain", "gzip"])
+def test_a_pipe_is_read_whole(tmp_path: Path, compress: bool) -> None:
+    """Opening a pipe twice (once to probe for gzip) lost its first 8 KiB."""
+    data = b"\n".join(LINES) + b"\n"
+    fifo = _fifo_with(tmp_path, gzip.compress(data) if compress else data)
+    assert [line for _, line in numbered_lines(fifo)] == LINES
+
+
+def test_dash_is_standard_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    stdin = io.TextIOWrapper(io.BufferedReader(io.BytesIO(b"a\tb\r\nc\td\n")))
+    monkeypatch.setattr("sys.stdin", stdin)
+    assert list(numbered_lines("-")) == [(1, b"a\tb"), (2, b"c\td")]
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path: Path) -> None:
+    path = tmp_path / "bom.tsv"
+    path.write_bytes(b"\xef\xbb\xbfa\tb\n\xef\xbb\xbfc\td\n")
+    # Only at the start of the file: elsewhere it is data, and the readers judge it.
+    assert list(numbered_lines(path)) == [(1, b"a\tb"), (2, b"\xef\xbb\xbfc\td")]
+
+
+def test_check_readable_words_errors_as_the_reader_does_and_leaves_pipes_alone(
+        tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="is a directory"):
+        check_readable(tmp_path)
+    with pytest.raises(InputError, match="no such file"):
+        check_readable(tmp_path / "missing.jsonl")
+    data = b"\n".join(LINES) + b"\n"
+    fifo = _fifo_with(tmp_path, data)
+    check_readable(fifo)  # does not open it: that could cut off the writer
+    assert len(list(numbered_lines(fifo))) == len(LINES)
