@@ -25,16 +25,18 @@ from pathlib import Path
 
 from producer.schema import Event, Limits, PageEvent, iter_events
 from rankstream.errors import InputError, ServiceUnavailable
+from rankstream.input_files import check_readable
 from rankstream.settings import Settings
 
-__all__ = ["ReplaySummary", "add_arguments", "create_topics", "replay", "run"]
+__all__ = ["LogPosition", "ReplaySummary", "add_arguments", "create_topics", "log_events",
+           "replay", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "file", nargs="?", type=Path, metavar="FILE.jsonl[.gz]",
-        help="JSON-lines event log to replay (gzip detected by content)",
+        help="JSON-lines event log to replay (gzip detected by content; - for stdin)",
     )
     source.add_argument(
         "--synthetic", type=int, metavar="N",
@@ -59,13 +61,29 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError(f"--synthetic must be >= 0, got {args.synthetic}")
     if not 0 < args.links_per_page < math.inf:  # NaN fails this too
         raise InputError(f"--links-per-page must be > 0, got {args.links_per_page}")
-    if args.file is not None and not args.file.is_file():
-        raise InputError("no such file", where=str(args.file))
-
-
-def _events(args: argparse.Namespace, limits: Limits) -> tuple[Iterator[Event], int | None]:
     if args.file is not None:
-        return (event for _, event in iter_events(args.file, limits)), None
+        check_readable(args.file)  # before connecting: a typo is not a Kafka error
+
+
+class LogPosition:
+    """``FILE:LINE`` of the event being published, for an error the publisher raises
+    (a message too large once encoded) after the line itself was read fine."""
+
+    def __init__(self) -> None:
+        self.where: str | None = None
+
+
+def log_events(path: Path, limits: Limits, position: LogPosition) -> Iterator[Event]:
+    """The events of a log, keeping ``position`` at the line of the latest."""
+    for line_no, event in iter_events(path, limits):
+        position.where = f"{path}:{line_no}"
+        yield event
+
+
+def _events(args: argparse.Namespace, limits: Limits, position: LogPosition
+            ) -> tuple[Iterator[Event], int | None]:
+    if args.file is not None:
+        return log_events(args.file, limits, position), None
     from producer.synthetic import synthetic_events
 
     stream = synthetic_events(
@@ -90,8 +108,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     topic = args.topic or settings.topic
     if not args.no_create_topics:
         create_topics(settings.model_copy(update={"topic": topic}))
-    events, total = _events(args, Limits.from_settings(settings))
-    summary = replay(settings, events, topic=topic, total=total)
+    position = LogPosition()
+    events, total = _events(args, Limits.from_settings(settings), position)
+    summary = replay(settings, events, topic=topic, total=total, position=position)
     print(summary)
     return 0
 
@@ -112,8 +131,11 @@ class ReplaySummary:
 
 
 def replay(settings: Settings, events: Iterable[Event], *, topic: str,
-           total: int | None = None) -> ReplaySummary:
-    """Publish ``events`` in order and wait until the broker acknowledged all of them."""
+           total: int | None = None, position: LogPosition | None = None) -> ReplaySummary:
+    """Publish ``events`` in order and wait until the broker acknowledged all of them.
+
+    An InputError stops it; when it names no place, ``position`` (if given) says where.
+    """
     from producer.client import LinkPublisher
 
     sent = links = 0
@@ -127,7 +149,9 @@ def replay(settings: Settings, events: Iterable[Event], *, topic: str,
                     links += len(event.links)
         except InputError as exc:
             publisher.flush()
-            raise InputError(f"{exc}; stopped there, {sent} event(s) before it were sent") from exc
+            where = position.where if position is not None and exc.where is None else None
+            raise InputError(f"{exc}; stopped there, {sent} event(s) before it were sent",
+                             where=where) from exc
     return ReplaySummary(topic, sent, links, time.monotonic() - started)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rankstream.errors import InputError
+from rankstream.input_files import check_readable
 from rankstream.settings import Settings
 
 DEMO_EVENTS = Path(__file__).resolve().parent.parent / "data" / "python-docs-pages.jsonl.gz"
@@ -30,14 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from consumer import ConsumeOptions, connect_redis, run_consumer, top_with_meta
     from consumer.jsonlog import setup_json_logging
-    from producer.cli import create_topics, replay
-    from producer.schema import Limits, iter_events
+    from producer.cli import LogPosition, create_topics, log_events, replay
+    from producer.schema import Limits
 
-    if not args.events.is_file():
-        raise InputError("no such file", where=str(args.events))
+    check_readable(args.events)
     create_topics(settings)
-    events = (event for _, event in iter_events(args.events, Limits.from_settings(settings)))
-    print(replay(settings, events, topic=settings.topic))
+    position = LogPosition()
+    events = log_events(args.events, Limits.from_settings(settings), position)
+    print(replay(settings, events, topic=settings.topic, position=position))
 
     setup_json_logging("WARNING")
     code = run_consumer(settings, ConsumeOptions(until_caught_up=True))

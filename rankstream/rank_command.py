@@ -36,8 +36,11 @@ T = TypeVar("T")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--edges", type=Path, help="src<TAB>dst lines, optionally .gz")
-    parser.add_argument("--events", type=Path, help="JSON-lines event log applied on top")
+    parser.add_argument("--edges", type=Path,
+                        help="src<TAB>dst lines, optionally gzipped, '-' for stdin; keys are "
+                        "taken verbatim, while event URLs are canonicalised")
+    parser.add_argument("--events", type=Path,
+                        help="JSON-lines event log applied on top ('-' for stdin)")
     parser.add_argument("--batch-size", type=int, default=1000, help="events per refresh")
     parser.add_argument("--algorithm", default="pagerank", help="pagerank | wpr | hits")
     parser.add_argument("--damping", type=float, default=None, help="default: settings")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
@@ -39,8 +39,12 @@ class Settings(BaseSettings):
     dlq_topic: str = Field("rankstream.links.dlq", description="dead-letter topic")
     topic_partitions: int = Field(4, ge=1)
     group_id: str = Field("rankstream-consumer", description="consumer group (lag only)")
-    kafka_security_protocol: str = Field("PLAINTEXT")
-    kafka_sasl_mechanism: str | None = None
+    # kafka-python's four protocols, and the SASL mechanisms that a username and
+    # password are enough for: anything else failed inside kafka-python with an
+    # AssertionError or a KeyError instead of a setting named.
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT")
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     kafka_sasl_username: str | None = None
     kafka_sasl_password: SecretStr | None = None
     kafka_ssl_cafile: Path | None = None
@@ -126,6 +130,15 @@ class Settings(BaseSettings):
         "so that the next start on this machine skips reading them from Redis when "
         "Redis has not changed since; empty: no snapshots",
     )
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _check_bootstrap(cls, value: str) -> str:
+        for server in value.split(","):
+            host, colon, port = server.strip().rpartition(":")
+            if not (colon and host and port.isdigit() and 0 < int(port) < 65536):
+                raise ValueError(f"expected host:port[,host:port...], got {server.strip()!r}")
+        return value
 
     @field_validator("allowed_schemes", mode="before")
     @classmethod

@@ -178,3 +178,20 @@ def test_produce_synthetic(isolated: Isolated, capsys: pytest.CaptureFixture[str
     assert cli.run(produce_args("--synthetic", "300", "--seed", "3"), isolated.settings) == 0
     assert capsys.readouterr().out.startswith("sent 300 events")
     assert len(read_back(isolated.settings, isolated.topic, 300)) == 300
+
+
+def test_a_line_too_large_once_encoded_is_named_by_file_and_line(isolated: Isolated,
+                                                                  tmp_path: Path) -> None:
+    """The line decodes within the limit; the publisher's encoding adds ``"v":1`` and
+    the URL's canonical ``/``, and it is the publisher that refuses it."""
+    log = tmp_path / "events.jsonl"
+    good = b'{"type":"link_added","src":"https://a.example/","dst":"https://b.example/"}'
+    head = b'{"type":"page","url":"https://a.example","links":[],"title":"'
+    big = head + b"x" * (1024 - len(head) - 2) + b'"}'
+    assert len(big) == 1024
+    log.write_bytes(b"\n".join([good, big, good]))
+    settings = isolated.settings.model_copy(update={"max_message_bytes": 1024})
+    with pytest.raises(InputError) as info:
+        cli.run(produce_args(str(log)), settings)
+    assert str(info.value).startswith(f"{log}:2: message too large: ")
+    assert str(info.value).endswith("; stopped there, 1 event(s) before it were sent")

@@ -180,6 +180,10 @@ def test_bad_input_is_one_line_exit_2(
         ("TOLERANCE", "inf", "less than 1"),
         ("BATCH_MAX_SWEEPS", "inf", "finite number"),
         ("PUBLISH_THRESHOLD", "nan", "finite number"),
+        # kafka-python failed on these with an AssertionError, a KeyError, a ValueError.
+        ("KAFKA_BOOTSTRAP", "127.0.0.1:abc", "expected host:port"),
+        ("KAFKA_SECURITY_PROTOCOL", "bogus", "'SASL_SSL'"),
+        ("KAFKA_SASL_MECHANISM", "BOGUS", "'SCRAM-SHA-512'"),
     ],
 )
 def test_a_bad_setting_is_one_line_exit_2(
