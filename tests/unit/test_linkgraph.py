@@ -288,19 +288,24 @@ def test_ids_outside_the_graph_are_input_errors_not_aliases_or_wild_reads(page: 
             gather(np.array([0, page]))
 
 
-def test_a_graph_with_as_many_pages_as_links_does_not_compact_every_batch(
-        monkeypatch) -> None:
-    """A crawl frontier: the per-page arrays alone pass the per-link budget, and
-    compacting cannot shrink them."""
-    compactions = 0
+@pytest.fixture
+def compactions(monkeypatch: pytest.MonkeyPatch) -> list[None]:
+    """One entry per LinkGraph.compact call from here on."""
+    calls: list[None] = []
     compact = LinkGraph.compact
 
     def counted(self: LinkGraph) -> None:
-        nonlocal compactions
-        compactions += 1
+        calls.append(None)
         compact(self)
 
     monkeypatch.setattr(LinkGraph, "compact", counted)
+    return calls
+
+
+def test_a_graph_with_as_many_pages_as_links_does_not_compact_every_batch(
+        compactions: list[None]) -> None:
+    """A crawl frontier: the per-page arrays alone pass the per-link budget, and
+    compacting cannot shrink them."""
     rng = np.random.default_rng(6)
     graph = LinkGraph()
     for _ in range(30):
@@ -310,21 +315,12 @@ def test_a_graph_with_as_many_pages_as_links_does_not_compact_every_batch(
         dst = rng.integers(0, graph.num_ids, 2000).astype(np.int32)
         graph.apply(EdgeBatch(insert_src=src, insert_dst=dst))
     assert graph.num_links > 50_000 and graph.num_ids > graph.num_links
-    assert compactions <= 3
+    assert len(compactions) <= 3
 
 
 def test_a_growing_graph_stays_within_the_memory_budget_without_compacting_every_batch(
-        monkeypatch) -> None:
+        compactions: list[None]) -> None:
     """New pages linking mostly to hubs: every batch grows the hubs' in-rows."""
-    compactions = 0
-    compact = LinkGraph.compact
-
-    def counted(self: LinkGraph) -> None:
-        nonlocal compactions
-        compactions += 1
-        compact(self)
-
-    monkeypatch.setattr(LinkGraph, "compact", counted)
     rng = np.random.default_rng(5)
     graph = LinkGraph()
     for _ in range(40):
@@ -334,4 +330,4 @@ def test_a_growing_graph_stays_within_the_memory_budget_without_compacting_every
         dst = ((rng.pareto(1.2, src.size) * 20).astype(np.int64) % graph.num_ids)
         graph.apply(EdgeBatch(insert_src=src, insert_dst=dst.astype(np.int32)))
         assert graph.memory_bytes() / graph.num_links <= 40
-    assert compactions <= 10
+    assert len(compactions) <= 10
