@@ -31,7 +31,7 @@ from ranker.edge_batches import (
     pair_keys,
     sorted_unique,
 )
-from rankstream.errors import InputError, RankstreamError
+from rankstream.errors import InputError
 
 # out_start, out_len, out_nbr, out_twin, in_start, in_len, in_nbr, in_twin
 Adjacency = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
@@ -189,8 +189,8 @@ class LinkGraph:
 
     # ------------------------------------------------------------------ queries
     def _page(self, page_id: int) -> int:
-        # Not numpy's indexing: -1 would read the last page, and past the end of the
-        # capacity is an IndexError (beyond it, a kernel would read out of bounds).
+        # Not numpy's indexing: -1 would read the last page, and an id past num_ids
+        # spare capacity or an IndexError.
         if not 0 <= page_id < self.num_ids:
             raise InputError(f"no page id {page_id!r} (ids are 0..{self.num_ids - 1})")
         return int(page_id)
@@ -426,26 +426,6 @@ class LinkGraph:
         matrix = self.to_csr()
         src = np.repeat(np.arange(self.num_ids, dtype=np.int32), np.diff(matrix.indptr))
         return src, matrix.indices.astype(np.int32)
-
-    def check_integrity(self) -> None:
-        """Raise :class:`RankstreamError` unless both directions and twins agree (tests)."""
-        n = self.num_ids
-        for direction, other in (("out", "in"), ("in", "out")):
-            start, length, cap, nbr, twin = (
-                getattr(self, f"{direction}_{x}") for x in ("start", "len", "cap", "nbr", "twin"))
-            o_start, o_nbr, o_twin = (
-                getattr(self, f"{other}_{x}") for x in ("start", "nbr", "twin"))
-            for page in range(n):
-                if length[page] > cap[page]:
-                    raise RankstreamError(f"{direction}-row {page} exceeds its capacity")
-                for i in range(int(length[page])):
-                    v = int(nbr[start[page] + i])
-                    j = int(twin[start[page] + i])
-                    if o_nbr[o_start[v] + j] != page or o_twin[o_start[v] + j] != i:
-                        raise RankstreamError(f"{direction}-entry {page}->{v} has a bad twin")
-        if int(self.out_len[:n].sum()) != self.num_links or int(self.in_len[:n].sum()) != \
-                self.num_links:
-            raise RankstreamError("row lengths disagree with num_links")
 
     def memory_bytes(self) -> int:
         """Bytes held by the adjacency and per-page arrays (key strings excluded)."""
