@@ -242,10 +242,10 @@ def collect_subgraph(
     timing = {} if timing is None else timing
     started = time.perf_counter()
     with _redis_errors():
-        roots, urls, unknown = _root_set(redis, prefix, query)
-        timing["root"] = (time.perf_counter() - started) * 1000.0
-        started = time.perf_counter()
-        try:
+        try:  # ids that are not integers, in a term set or P page:id
+            roots, urls, unknown = _root_set(redis, prefix, query)
+            timing["root"] = (time.perf_counter() - started) * 1000.0
+            started = time.perf_counter()
             subgraph = base_subgraph(
                 redis, prefix, roots, urls, max_in=query.max_in,
                 drop_intrinsic=query.drop_intrinsic, host_weighting=query.host_weighting,

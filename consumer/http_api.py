@@ -22,9 +22,6 @@ infinite) are sent as ``null``: JSON has no infinity.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Annotated, Any, Literal
 
 import uvicorn
@@ -171,10 +168,9 @@ def create_app(redis: Any, prefix: str, *, cache_ttl: int = DEFAULT_CACHE_TTL) -
         scale: Annotated[Scale, Query(description="paper y, or y / sum(y)")] = "paper",
     ) -> dict[str, Any]:
         """The k best pages of a live ranking and its meta (freshness, bound)."""
-        with _data_errors():
-            entries, info = readers.top_with_meta(redis, prefix, algorithm, k, scale)
-            meta = info.as_dict()
-        return _finite({
+        entries, info = readers.top_with_meta(redis, prefix, algorithm, k, scale)
+        meta = info.as_dict()
+        return readers.json_safe({
             "algorithm": algorithm, "scale": scale, "meta": meta,
             "entries": [{"url": url, "score": value} for url, value in entries],
         })
@@ -187,8 +183,7 @@ def create_app(redis: Any, prefix: str, *, cache_ttl: int = DEFAULT_CACHE_TTL) -
         scale: Annotated[Scale, Query(description="paper y, or y / sum(y)")] = "paper",
     ) -> Any:
         """One page's live score."""
-        with _data_errors():
-            value = readers.score(redis, prefix, url, algorithm, scale)
+        value = readers.score(redis, prefix, url, algorithm, scale)
         if value is None:
             return JSONResponse({"detail": "no score for this URL"}, status_code=404)
         canonical = canonicalize_url(url)  # readers.score accepted it, so it is valid
@@ -197,8 +192,7 @@ def create_app(redis: Any, prefix: str, *, cache_ttl: int = DEFAULT_CACHE_TTL) -
     @app.get("/status", response_model=StatusResponse, responses=_ERRORS)
     def get_status() -> dict[str, Any]:
         """Consumer health, graph counters and each algorithm's meta."""
-        with _data_errors():
-            return _finite(readers.status(redis, prefix))
+        return readers.json_safe(readers.status(redis, prefix))
 
     return app
 
@@ -233,22 +227,3 @@ def _add_error_handlers(app: FastAPI) -> None:
         app.add_exception_handler(error_type, handler)
 
 
-@contextmanager
-def _data_errors() -> Iterator[None]:
-    # The readers parse Redis hashes; a malformed value is a server-side data
-    # problem (502 with the reason), not a crash of the API.
-    try:
-        yield
-    except ValueError as exc:
-        raise ServiceError(f"unexpected data in Redis: {exc}") from exc
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no inf/nan (an unpublished bound is inf): they become null."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -39,6 +39,43 @@ def _decode_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
     return {_text(k): _text(v) for k, v in raw.items()}
 
 
+@contextlib.contextmanager
+def stored_data(what: str) -> Iterator[None]:
+    """A value in Redis that is not what rankstream writes (a hand edit, another
+    program under the prefix) is a ServiceError naming it, never a crash of a reader."""
+    try:
+        yield
+    except (ValueError, TypeError) as exc:
+        raise ServiceError(f"unexpected data in Redis while {what}: {exc}") from exc
+
+
+def _finite(value: Any, name: str) -> float:
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} is {number}")
+    return number
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float as None: JSON has no inf or nan (an
+    unpublished bound is inf)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def _offsets(raw: str | None) -> dict[str, int]:
+    offsets = json.loads(raw) if raw else {}
+    if not (isinstance(offsets, dict)
+            and all(type(v) is int for v in offsets.values())):
+        raise ValueError(f"offsets is not a JSON object of offsets: {(raw or '')[:80]!r}")
+    return offsets
+
+
 @dataclass(frozen=True)
 class Meta:
     """``P meta:{algorithm}``, typed. ``published`` is False before the first publication."""
@@ -58,19 +95,24 @@ class Meta:
 
     @classmethod
     def from_hash(cls, algorithm: str, raw: Mapping[str, str]) -> Meta:
+        """Raises ValueError (or TypeError) for values rankstream never writes; see
+        :func:`stored_data`."""
         if not raw:
             return cls(algorithm, published=False)
+        bound = float(raw.get("bound", "inf"))
+        if math.isnan(bound):
+            raise ValueError("bound is nan")
         return cls(
             algorithm=algorithm,
             published=True,
-            total=float(raw.get("total", 0.0)),
-            bound=float(raw.get("bound", "inf")),
-            tolerance=float(raw.get("tolerance", 0.0)),
+            total=_finite(raw.get("total", 0.0), "total"),
+            bound=bound,  # inf: nothing certified yet
+            tolerance=_finite(raw.get("tolerance", 0.0), "tolerance"),
             fresh=raw.get("fresh") == "1",
             version=int(raw.get("version", 0)),
             refreshed_at=raw.get("refreshed_at", ""),
-            offsets=json.loads(raw["offsets"]) if raw.get("offsets") else {},
-            damping=float(raw.get("damping", 0.0)),
+            offsets=_offsets(raw.get("offsets")),
+            damping=_finite(raw.get("damping", 0.0), "damping"),
             scale=raw.get("scale", "paper"),
             pages=int(raw.get("pages", 0)),
         )
@@ -90,7 +132,8 @@ def meta(client: redis.Redis, prefix: str, algorithm: str) -> Meta:
     _check_algorithm(algorithm)
     with redis_errors("reading the score meta"):
         raw = client.hgetall(Keys(prefix).meta(algorithm))
-    return Meta.from_hash(algorithm, _decode_hash(raw))
+    with stored_data(f"reading the {algorithm} meta"):
+        return Meta.from_hash(algorithm, _decode_hash(raw))
 
 
 def top(client: redis.Redis, prefix: str, algorithm: str = "pagerank", k: int = 10,
@@ -118,11 +161,12 @@ def top_with_meta(client: redis.Redis, prefix: str, algorithm: str = "pagerank",
         pipe.zrevrange(keys.scores(algorithm), 0, k - 1, withscores=True)
         pipe.hgetall(keys.meta(algorithm))
         rows, meta_raw = pipe.execute()
-    info = Meta.from_hash(algorithm, _decode_hash(meta_raw))
-    divisor = 1.0
-    if scale == "probability" and rows:
-        divisor = _probability_divisor(algorithm, info.total)
-    return [(_text(url), float(value) / divisor) for url, value in rows], info
+    with stored_data(f"reading the {algorithm} top pages"):
+        info = Meta.from_hash(algorithm, _decode_hash(meta_raw))
+        divisor = 1.0
+        if scale == "probability" and rows:
+            divisor = _probability_divisor(algorithm, info.total)
+        return [(_text(url), _finite(value, "a score") / divisor) for url, value in rows], info
 
 
 def score(client: redis.Redis, prefix: str, url: str, algorithm: str = "pagerank",
@@ -142,13 +186,14 @@ def score(client: redis.Redis, prefix: str, url: str, algorithm: str = "pagerank
         value, total_raw = pipe.execute()
     if value is None:
         return None
-    if scale == "probability":
-        try:
-            total = float(total_raw) if total_raw is not None else 0.0
-        except ValueError:
-            total = math.nan
-        return float(value) / _probability_divisor(algorithm, total)
-    return float(value)
+    with stored_data(f"reading a {algorithm} score"):
+        if scale == "probability":
+            try:
+                total = float(total_raw) if total_raw is not None else 0.0
+            except ValueError:
+                total = math.nan
+            return _finite(value, "the score") / _probability_divisor(algorithm, total)
+        return _finite(value, "the score")
 
 
 def _probability_divisor(algorithm: str, total: float) -> float:
@@ -177,6 +222,11 @@ def status(client: redis.Redis, prefix: str) -> dict[str, Any]:
         for algorithm in ALGORITHMS:
             pipe.hgetall(keys.meta(algorithm))
         replies = pipe.execute()
+    with stored_data("reading the status"):
+        return _status_dict(prefix, replies)
+
+
+def _status_dict(prefix: str, replies: list[Any]) -> dict[str, Any]:
     consumer = _decode_hash(replies[0])
     for name in ("lag", "bound", "fresh"):
         if name in consumer:

@@ -9,6 +9,7 @@ import sys
 from consumer.keys import ALGORITHMS
 from consumer.readers import SCALES, score
 from consumer.redis_store import connect_redis
+from producer.urls import canonicalize_url
 from rankstream.settings import Settings
 
 
@@ -29,7 +30,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         client.close()
     if args.json:
-        sys.stdout.write(json.dumps({"url": args.url, "scale": args.scale,
+        # score() accepted the URL, so it canonicalises; the page is stored under that.
+        sys.stdout.write(json.dumps({"url": canonicalize_url(args.url), "scale": args.scale,
                                      "scores": values}) + "\n")
     else:
         for alg, value in values.items():

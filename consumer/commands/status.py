@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from typing import Any
 
-from consumer.readers import status
+from consumer.readers import json_safe, status
 from consumer.redis_store import connect_redis
 from rankstream.settings import Settings
 
@@ -17,18 +15,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    return value
-
-
 def run(args: argparse.Namespace, settings: Settings) -> int:
     client = connect_redis(settings, client_name="rankstream-status")
     try:
-        info = _finite(status(client, settings.key_prefix))
+        info = json_safe(status(client, settings.key_prefix))
     finally:
         client.close()
     if args.json:

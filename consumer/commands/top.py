@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
 from consumer.keys import ALGORITHMS
-from consumer.readers import SCALES, top_with_meta
+from consumer.readers import SCALES, json_safe, top_with_meta
 from consumer.redis_store import connect_redis
 from rankstream.settings import Settings
 
@@ -19,10 +18,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scale", choices=SCALES, default="paper",
                         help="paper: y as published; probability: y / sum(y)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
-
-
-def _number(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -37,9 +32,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             "algorithm": args.algorithm, "scale": args.scale,
             "top": [{"rank": i + 1, "url": url, "score": value}
                     for i, (url, value) in enumerate(rows)],
-            "meta": {**info.as_dict(), "bound": _number(info.bound)},
+            "meta": info.as_dict(),
         }
-        sys.stdout.write(json.dumps(payload) + "\n")
+        sys.stdout.write(json.dumps(json_safe(payload)) + "\n")
         return 0
     if not info.published:
         sys.stdout.write(f"no {args.algorithm} scores published under "

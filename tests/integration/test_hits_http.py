@@ -200,3 +200,39 @@ def test_partial_or_foreign_state_gives_json_errors_not_wrong_numbers(
         assert status.status_code == 200 and status.json()["lock"] == {"raw": "123"}
     finally:
         client.delete(f"{prefix}scores:wpr", f"{prefix}lock")
+
+
+@pytest.mark.parametrize(
+    ("key", "write", "paths"),
+    [
+        # offsets that are not a JSON object of offsets: a TypeError inside the reader
+        ("meta:pagerank", ("hset", "offsets", "5"), ("/top", "/status")),
+        ("meta:pagerank", ("hset", "offsets", '{"a":"x"}'), ("/top", "/status")),
+        ("meta:pagerank", ("hset", "total", "abc"), ("/top", "/status")),
+        ("meta:pagerank", ("hset", "tolerance", "nan"), ("/top", "/status")),
+        # a score no publication writes
+        ("scores:pagerank", ("zadd", "inf", "https://h1.com/"), ("/top", "/score")),
+        # ids that are not integers, in a term set and in P page:id
+        ("term:zzgarb", ("sadd", "abc"), ("/hits?q=zzgarb",)),
+        ("page:id", ("hset", "https://garb.example/", "x"), ("/hits?seed=https://garb.example/",)),
+    ],
+)
+def test_values_rankstream_never_writes_are_502_with_the_reason(
+    http: httpx.Client, served: tuple[str, HandGraph], key: str, write: tuple[str, ...],
+    paths: tuple[str, ...],
+) -> None:
+    """Each used to be a 500 (and a traceback in the CLI readers)."""
+    client, prefix = served[1].client, served[1].prefix
+    full = f"{prefix}{key}"
+    saved = client.dump(full)
+    client.execute_command(write[0], full, *write[1:])
+    try:
+        for path in paths:
+            params = {"url": "https://h1.com/"} if path == "/score" else None
+            response = http.get(path, params=params)
+            assert response.status_code == 502, (path, response.text)
+            assert "unexpected data" in response.json()["detail"]
+    finally:
+        client.delete(full)
+        if saved is not None:
+            client.restore(full, 0, saved)
