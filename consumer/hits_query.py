@@ -39,6 +39,7 @@ import numpy as np
 import redis.exceptions
 
 from consumer.hits_base import BaseSubgraph, base_subgraph, url_host
+from consumer.readers import stored_data
 from consumer.text_index import match, query_terms
 from producer.urls import UrlError, canonicalize_url
 from ranker.hits import hits
@@ -241,17 +242,15 @@ def collect_subgraph(
     """
     timing = {} if timing is None else timing
     started = time.perf_counter()
-    with _redis_errors():
-        try:  # ids that are not integers, in a term set or P page:id
-            roots, urls, unknown = _root_set(redis, prefix, query)
-            timing["root"] = (time.perf_counter() - started) * 1000.0
-            started = time.perf_counter()
-            subgraph = base_subgraph(
-                redis, prefix, roots, urls, max_in=query.max_in,
-                drop_intrinsic=query.drop_intrinsic, host_weighting=query.host_weighting,
-            )
-        except ValueError as exc:
-            raise ServiceError(f"unexpected data under prefix {prefix!r}: {exc}") from exc
+    # stored_data: ids that are not integers, in a term set or P page:id
+    with _redis_errors(), stored_data(f"building the HITS base set under {prefix!r}"):
+        roots, urls, unknown = _root_set(redis, prefix, query)
+        timing["root"] = (time.perf_counter() - started) * 1000.0
+        started = time.perf_counter()
+        subgraph = base_subgraph(
+            redis, prefix, roots, urls, max_in=query.max_in,
+            drop_intrinsic=query.drop_intrinsic, host_weighting=query.host_weighting,
+        )
         timing["base"] = (time.perf_counter() - started) * 1000.0
     subgraph.unknown_seeds = unknown
     return subgraph
