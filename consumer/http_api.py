@@ -7,7 +7,8 @@ named, never work for the server. Errors map to status codes as follows:
 
 =====  =============================================================
 400    a bad value the schema cannot express (bad URL, no query terms,
-       both or neither of ``q`` and ``seed``)
+       both or neither of ``q`` and ``seed``), a parameter the endpoint
+       does not take, or a single-valued parameter given twice
 404    ``/score``: the URL has no published score
 422    a request outside the schema's limits; HITS did not converge
 502    Redis answered with an error
@@ -25,7 +26,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import uvicorn
-from fastapi import FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, StringConstraints
 
@@ -134,6 +135,7 @@ def create_app(redis: Any, prefix: str, *, cache_ttl: int = DEFAULT_CACHE_TTL) -
         title="rankstream",
         summary="Live PageRank / Weighted PageRank scores and on-demand HITS",
         version="1",
+        dependencies=[Depends(_check_parameter_names)],
     )
     _add_error_handlers(app)
 
@@ -210,6 +212,32 @@ def server_config(
         app, host=host, port=port, log_level=log_level,
         h11_max_incomplete_event_size=MAX_REQUEST_LINE_BYTES,
     )
+
+
+# Parameters a client may repeat: every other one is single-valued.
+REPEATABLE_PARAMETERS = frozenset({"seed"})
+
+
+def _check_parameter_names(request: Request) -> None:
+    """Refuse a parameter the endpoint does not take, or a single-valued one given twice.
+
+    Why: FastAPI silently ignores unknown parameters and keeps the LAST of repeated
+    ones, so a typo (``?algoritm=wpr``) or a duplicate (``?k=5&k=500``) would answer a
+    question the client did not ask, with a 200.
+    """
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:  # not one of our endpoints (e.g. /docs): nothing to check
+        return
+    known = {param.alias for param in dependant.query_params}
+    seen: set[str] = set()
+    for name, _value in request.query_params.multi_items():
+        if name not in known:
+            takes = f"takes {', '.join(sorted(known))}" if known else "takes no parameters"
+            raise InputError(f"unknown parameter {name!r}: this endpoint {takes}")
+        if name in seen and name not in REPEATABLE_PARAMETERS:
+            raise InputError(f"parameter {name!r} given more than once")
+        seen.add(name)
 
 
 def _add_error_handlers(app: FastAPI) -> None:

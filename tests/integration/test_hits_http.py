@@ -135,6 +135,29 @@ def test_bad_hits_requests_get_clear_4xx(
     assert field in response.text
 
 
+@pytest.mark.parametrize(
+    ("path", "detail"),
+    [
+        ("/top?k=5&k=500", "parameter 'k' given more than once"),
+        ("/hits?q=python&q=tutorial", "parameter 'q' given more than once"),
+        ("/top?algoritm=wpr",
+         "unknown parameter 'algoritm': this endpoint takes algorithm, k, scale"),
+        ("/status?verbose=1", "unknown parameter 'verbose': this endpoint takes no parameters"),
+    ],
+)
+def test_unknown_and_repeated_parameters_are_400_not_silently_dropped(
+    http: httpx.Client, path: str, detail: str
+) -> None:
+    response = http.get(path)
+    assert response.status_code == 400, response.text
+    assert response.json() == {"detail": detail}
+
+
+def test_seed_may_repeat(http: httpx.Client) -> None:
+    response = http.get("/hits?seed=https://h1.com/&seed=https://h2.org/")
+    assert response.status_code == 200, response.text
+
+
 def test_top_and_score_round_trip_odd_urls(http: httpx.Client) -> None:
     top = http.get("/top", params={"k": 1000})
     assert top.status_code == 200
