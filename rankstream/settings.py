@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from rankstream.errors import ConfigError
@@ -131,6 +131,20 @@ class Settings(BaseSettings):
         "Redis has not changed since; empty: no snapshots",
     )
 
+    @field_validator("tolerance")
+    @classmethod
+    def _tolerance_above_the_floor(cls, value: float, info: ValidationInfo) -> float:
+        # ranker.bounds.tolerance_floor(damping), written out because settings load
+        # without numba (tests/unit/test_rank_command.py checks the two agree): near
+        # d = 1 the floor grows, and the consumer would only fail at its first refresh.
+        damping = info.data.get("damping")
+        if damping is not None:
+            floor = 1e-12 * max(1.0, 0.15 / (1.0 - damping))
+            if value < floor:
+                raise ValueError(f"must be at least {floor:.3g} at damping {damping:g} "
+                                 "(below it the residual is float64 rounding noise)")
+        return value
+
     @field_validator("kafka_bootstrap")
     @classmethod
     def _check_bootstrap(cls, value: str) -> str:
@@ -184,7 +198,8 @@ def load_settings(**overrides: object) -> Settings:
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "settings"
-        raise ConfigError(f"bad setting RANKSTREAM_{field.upper()}: {first['msg']}") from exc
+        message = first["msg"].removeprefix("Value error, ")  # pydantic's, for our ValueErrors
+        raise ConfigError(f"bad setting RANKSTREAM_{field.upper()}: {message}") from exc
     except SettingsError as exc:
         # pydantic-settings failed to decode a value before validation could see it
         # (a list or dict setting that is not valid JSON).

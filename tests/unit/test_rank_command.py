@@ -242,3 +242,16 @@ def test_the_settings_floor_of_the_tolerance_is_the_engines() -> None:
 
     floor = [m.ge for m in Settings.model_fields["tolerance"].metadata if hasattr(m, "ge")]
     assert floor == [MIN_TOLERANCE]
+
+
+@pytest.mark.parametrize("damping", [0.5, 0.85, 0.99, 0.9999])
+def test_the_settings_floor_of_the_tolerance_follows_the_damping_as_the_engines(
+    damping: float,
+) -> None:
+    from ranker.bounds import tolerance_floor
+    from rankstream.errors import ConfigError
+
+    floor = tolerance_floor(damping)
+    assert load_settings(damping=damping, tolerance=floor).tolerance == floor
+    with pytest.raises(ConfigError, match="bad setting RANKSTREAM_TOLERANCE: "):
+        load_settings(damping=damping, tolerance=floor * (1 - 1e-9))
