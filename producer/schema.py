@@ -464,7 +464,7 @@ def iter_events(
     ``where="path:line"``; an unreadable file raises it with ``where=path``.
     """
     name = os.fspath(path)
-    for line_no, line in numbered_lines(name):
+    for line_no, line in numbered_lines(name, max_line_bytes=limits.max_message_bytes):
         stripped = line.strip()
         if not stripped:
             continue

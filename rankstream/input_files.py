@@ -88,21 +88,38 @@ def open_input(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
             yield raw
 
 
-def numbered_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
+def numbered_lines(
+    path: str | os.PathLike[str], max_line_bytes: int | None = None
+) -> Iterator[tuple[int, bytes]]:
     """Yield ``(line_no, line)`` from 1, the line's bytes without the newline (and
     without a UTF-8 byte order mark at the start of the file, which would otherwise
     become part of the first key or break the first event's JSON).
 
-    A read error (a truncated or corrupt gzip stream, an I/O error) raises
-    :class:`InputError` naming ``path:line`` of the line that could not be read.
+    With ``max_line_bytes``, a longer line raises :class:`InputError` naming
+    ``path:line`` after reading at most that many bytes of it: a log that is one
+    endless line (a binary file, a missing newline) must not be read whole into memory
+    before its size is checked. A read error (a truncated or corrupt gzip stream, an
+    I/O error) raises :class:`InputError` naming ``path:line`` of the line that could
+    not be read.
     """
     name = os.fspath(path)
     with open_input(name) as stream:
         line_no = 0
+        if max_line_bytes is None:
+            lines: Iterator[bytes] = iter(stream)
+        else:
+            # Room for the longest allowed line, a byte order mark and "\r\n": a
+            # longer line comes back cut short, and is too long even once stripped.
+            limit = max_line_bytes + len(UTF8_BOM) + 2
+            lines = iter(lambda: stream.readline(limit), b"")
         try:
-            for line_no, line in enumerate(stream, start=1):
+            for line_no, line in enumerate(lines, start=1):
                 if line_no == 1 and line.startswith(UTF8_BOM):
                     line = line[len(UTF8_BOM):]
-                yield line_no, line.rstrip(b"\r\n")
+                text = line.rstrip(b"\r\n")
+                if max_line_bytes is not None and len(text) > max_line_bytes:
+                    raise InputError(f"line longer than {max_line_bytes} bytes",
+                                     where=f"{name}:{line_no}")
+                yield line_no, text
         except (OSError, EOFError, zlib.error) as exc:
             raise InputError(f"cannot read: {exc}", where=f"{name}:{line_no + 1}") from exc

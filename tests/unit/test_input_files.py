@@ -49,6 +49,24 @@ def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path: Path) -> None
     assert list(numbered_lines(path)) == [(1, b"a\tb"), (2, b"\xef\xbb\xbfc\td")]
 
 
+@pytest.mark.parametrize("compress", [False, True], ids=["plain", "gzip"])
+def test_a_line_past_the_limit_is_refused_by_line_number_without_reading_it_whole(
+        tmp_path: Path, compress: bool) -> None:
+    limit = 100
+    fits = b"x" * limit
+    path = tmp_path / "log"
+    # The BOM only counts as such at the start of the file, so the first line carries it.
+    data = b"\xef\xbb\xbf" + fits + b"\r\n" + fits + b"\n"
+    path.write_bytes(gzip.compress(data) if compress else data)
+    assert [line for _, line in numbered_lines(path, max_line_bytes=limit)] == [fits, fits]
+    endless = data + b"z" * (limit + 1) + b"\n" + b"w" * 50_000_000
+    path.write_bytes(gzip.compress(endless) if compress else endless)
+    lines = numbered_lines(path, max_line_bytes=limit)
+    assert [next(lines)[1], next(lines)[1]] == [fits, fits]
+    with pytest.raises(InputError, match=rf"{path}:3: line longer than {limit} bytes"):
+        next(lines)
+
+
 def test_check_readable_words_errors_as_the_reader_does_and_leaves_pipes_alone(
         tmp_path: Path) -> None:
     with pytest.raises(InputError, match="is a directory"):
