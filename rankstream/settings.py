@@ -13,6 +13,7 @@ import json
 import re
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
@@ -143,6 +144,27 @@ class Settings(BaseSettings):
             if value < floor:
                 raise ValueError(f"must be at least {floor:.3g} at damping {damping:g} "
                                  "(below it the residual is float64 rounding noise)")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        # redis-py only finds a bad port when it connects (a traceback in
+        # `./run services`), and takes "redis://host/x" as database 0.
+        url = urlsplit(value)
+        if url.scheme not in {"redis", "rediss", "unix"}:
+            raise ValueError("must be redis://host:port/db, rediss://... or unix:///path")
+        if url.scheme == "unix":
+            return value
+        try:
+            url.port  # noqa: B018 (urlsplit checks the port only when asked for it)
+        except ValueError as exc:
+            raise ValueError(f"bad port: {exc}") from exc  # the netloc may hold a password
+        if not url.hostname:
+            raise ValueError("no host (redis://host:port/db)")
+        db = url.path.strip("/")
+        if db and not db.isdigit():
+            raise ValueError(f"the database must be a number, got {db!r}")
         return value
 
     @field_validator("kafka_bootstrap")

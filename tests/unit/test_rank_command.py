@@ -184,6 +184,11 @@ def test_bad_input_is_one_line_exit_2(
         ("KAFKA_BOOTSTRAP", "127.0.0.1:abc", "expected host:port"),
         ("KAFKA_SECURITY_PROTOCOL", "bogus", "'SASL_SSL'"),
         ("KAFKA_SASL_MECHANISM", "BOGUS", "'SCRAM-SHA-512'"),
+        # redis-py found these only when connecting, or read "/x" as database 0.
+        ("REDIS_URL", "redis://:secret@127.0.0.1:abc/0", "bad port: Port could not be cast"),
+        ("REDIS_URL", "redis://127.0.0.1:70000/0", "bad port: Port out of range"),
+        ("REDIS_URL", "redis://127.0.0.1:6379/x", "the database must be a number, got 'x'"),
+        ("REDIS_URL", "http://127.0.0.1:6379/0", "must be redis://host:port/db"),
     ],
 )
 def test_a_bad_setting_is_one_line_exit_2(
@@ -196,6 +201,7 @@ def test_a_bad_setting_is_one_line_exit_2(
     err = capsys.readouterr().err
     assert f"bad setting RANKSTREAM_{name}" in err and message in err
     assert len(err.strip().splitlines()) == 1
+    assert "secret" not in err
 
 
 def test_an_env_file_that_is_not_utf8_is_one_line_exit_2(
