@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from producer.schema import Event, Limits, PageEvent, iter_events
-from rankstream.errors import InputError, ServiceUnavailable
+from rankstream.errors import InputError
 from rankstream.input_files import check_readable
 from rankstream.settings import Settings
 
@@ -156,17 +156,12 @@ def replay(settings: Settings, events: Iterable[Event], *, topic: str,
 
 
 def create_topics(settings: Settings) -> None:
-    """Create the event and dead-letter topics if missing (the broker does not)."""
-    from kafka.errors import KafkaError
+    """Create the event and dead-letter topics if missing (the broker does not).
 
+    No broker is a ServiceUnavailable, another refusal a ServiceError.
+    """
     from rankstream.services.kafka import ensure_topics
     from rankstream.services.stack import kafka_client_options, topic_specs
 
-    try:
-        ensure_topics(settings.kafka_bootstrap, topic_specs(settings),
-                      **kafka_client_options(settings))
-    except KafkaError as exc:
-        raise ServiceUnavailable(
-            f"cannot reach Kafka at {settings.kafka_bootstrap} to create {settings.topic}: "
-            f"{exc!r}"
-        ) from exc
+    ensure_topics(settings.kafka_bootstrap, topic_specs(settings),
+                  **kafka_client_options(settings))

@@ -80,15 +80,22 @@ def command_line(pid: int) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace")
 
 
-def live_pid(pid_file: Path, marker: str) -> int | None:
+def live_pid(pid_file: Path, marker: str, *, cwd: Path | None = None) -> int | None:
     """The pid in ``pid_file`` if that process is alive and is what we started.
 
-    ``marker`` must occur in its command line, which guards against a stale pid
-    file whose number the kernel has since given to an unrelated process.
+    ``marker`` must occur in its command line, and where given the process must run
+    in ``cwd``: after a reboot the kernel may have given a stale pid file's number to
+    an unrelated process, which ``down`` would otherwise stop.
     """
     pid = read_pid(pid_file)
     if pid is None or not process_alive(pid) or marker not in command_line(pid):
         return None
+    if cwd is not None:
+        try:
+            if Path(f"/proc/{pid}/cwd").resolve(strict=True) != cwd.resolve():
+                return None
+        except OSError:  # another user's process: not ours
+            return None
     return pid
 
 
@@ -112,7 +119,13 @@ def spawn_detached(argv: Sequence[str], *, log_file: Path, pid_file: Path, cwd: 
             )
         except OSError as exc:
             raise ServiceError(f"cannot start {argv[0]}: {exc}") from exc
-    pid_file.write_text(f"{proc.pid}\n")
+    try:
+        pid_file.write_text(f"{proc.pid}\n")
+    except OSError as exc:
+        # Without its pid file nothing could ever find (or stop) it again.
+        proc.kill()
+        proc.wait()
+        raise ServiceError(f"cannot write {pid_file}: {exc.strerror or exc}") from exc
     return proc.pid
 
 
@@ -207,9 +220,13 @@ def apt_install(package: str, *, timeout: float = 600.0) -> None:
         raise ServiceError(f"{package} is missing and apt-get is not available: install it")
     if os.geteuid() != 0:
         raise ServiceError(f"{package} is missing: run `sudo apt-get install -y {package}`")
-    run_checked(["apt-get", "update", "-q"], what="apt-get update", timeout=timeout)
+    # On a fresh VM unattended-upgrades often holds the dpkg lock for a few minutes:
+    # wait for it instead of failing at once.
+    lock_wait = ["-o", f"DPkg::Lock::Timeout={int(timeout / 2)}"]
+    run_checked(["apt-get", *lock_wait, "update", "-q"], what="apt-get update",
+                timeout=timeout)
     run_checked(
-        ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q",
+        ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", *lock_wait, "install", "-y", "-q",
          "--no-install-recommends", package],
         what=f"apt-get install {package}",
         timeout=timeout,

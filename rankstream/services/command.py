@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 
+from rankstream.errors import ServiceError
 from rankstream.services.stack import down, env_lines, status, up
 from rankstream.settings import Settings
 
@@ -32,7 +33,21 @@ def _say(line: str) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    """Carry out one action; errors surface as RankstreamError (exit 2 at the caller)."""
+    """Carry out one action; errors surface as RankstreamError (exit 2 at the caller).
+
+    A file-system failure (a full disk, a read-only home, a state dir under a file)
+    is a ServiceError naming the path, not a traceback.
+    """
+    try:
+        return _run(args, settings)
+    except BrokenPipeError:
+        raise  # the callers treat a closed stdout as a normal end
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        raise ServiceError(f"{exc.strerror or exc}{where}") from exc
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.action == "up":
         started = time.monotonic()
         states = up(settings, timeout=args.timeout, install=not args.no_install, log=_say)

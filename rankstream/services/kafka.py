@@ -14,16 +14,18 @@ Layout of a broker's home directory (under ``state_dir``)::
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
+import re
 import shutil
 import signal
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rankstream.errors import ServiceError
+from rankstream.errors import ServiceError, ServiceUnavailable
 from rankstream.services import _proc
 
 #: Newest 4.1.x on Maven Central when this was written (4.1.2). kafka-python 2.3
@@ -33,6 +35,10 @@ KAFKA_VERSION = "4.1.2"
 LOG4J_VERSION = "2.25.3"
 _DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 _MAIN_CLASS = "kafka.Kafka"
+#: Kafka 4.x brokers run on Java 17 or newer (an older JVM fails with a wall of
+#: UnsupportedClassVersionError while formatting the storage).
+MIN_JAVA = 17
+JAVA_PACKAGE = "openjdk-17-jre-headless"
 _COMPLETE_MARKER = ".complete"
 
 _POM_TEMPLATE = """<?xml version="1.0" encoding="UTF-8"?>
@@ -239,6 +245,23 @@ def server_properties(broker: KafkaBroker) -> str:
     )
 
 
+def java_binary(*, install: bool) -> str:
+    """The ``java`` on PATH (installing Debian's JDK 17 when allowed), if it is 17+."""
+    java = _proc.require_binary("java", debian_package=JAVA_PACKAGE, install=install)
+    # `java -version` writes to stderr, which run_checked returns with stdout.
+    banner = _proc.run_checked([java, "-version"], what="java -version", timeout=60.0)
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', banner)
+    if found is None:
+        raise ServiceError(f"cannot tell the version of {java}: {banner.strip()[:200]}")
+    major = int(found.group(1))
+    if major == 1 and found.group(2):  # "1.8.0" is Java 8
+        major = int(found.group(2))
+    if major < MIN_JAVA:
+        raise ServiceError(f"Kafka {KAFKA_VERSION} needs Java {MIN_JAVA} or newer, and {java} is "
+                           f"Java {major}: install {JAVA_PACKAGE} and put it first on PATH")
+    return java
+
+
 def _java_command(broker: KafkaBroker, java: str, main: str, *args: str) -> list[str]:
     return [
         java,
@@ -307,8 +330,8 @@ def kafka_listen_address(broker: KafkaBroker) -> str | None:
 
 
 def kafka_pid(broker: KafkaBroker) -> int | None:
-    """Pid of the broker we started, if it is running."""
-    return _proc.live_pid(broker.pid_file, _MAIN_CLASS)
+    """Pid of the broker we started, if it is running (its command line names our config)."""
+    return _proc.live_pid(broker.pid_file, str(broker.properties_file))
 
 
 def broker_log_tail(broker: KafkaBroker, lines: int = 30) -> str:
@@ -336,8 +359,7 @@ def start_kafka(broker: KafkaBroker, *, java: str | None = None, timeout: float 
         if not _proc.wait_until(functools.partial(_proc.port_free, broker.host, port), 5.0):
             raise ServiceError(f"{broker.host}:{port} is taken by a process that is not our "
                                "broker (see `ss -ltnp`)")
-    java_bin = java or _proc.require_binary("java", debian_package="openjdk-17-jre-headless",
-                                            install=False)
+    java_bin = java or java_binary(install=False)
     write_config(broker)
     format_storage(broker, java=java_bin)
     pid = _proc.spawn_detached(
@@ -423,6 +445,30 @@ def kafka_answers(bootstrap: str, timeout: float = 3.0, **options: Any) -> bool:
         admin.close()
 
 
+@contextlib.contextmanager
+def _admin_session(bootstrap: str, timeout: float, options: Mapping[str, Any],
+                   doing: str) -> Iterator[Any]:
+    """An admin client whose kafka-python errors (creating it too) are ours: no broker
+    is :class:`ServiceUnavailable`, anything else a :class:`ServiceError`."""
+    from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, NoBrokersAvailable
+
+    def translated(exc: KafkaError) -> ServiceError:
+        if isinstance(exc, NoBrokersAvailable | KafkaConnectionError | KafkaTimeoutError):
+            return ServiceUnavailable(f"cannot reach Kafka at {bootstrap} ({doing}): {exc!r}")
+        return ServiceError(f"{doing} on {bootstrap}: {exc}")
+
+    try:
+        admin = _admin(bootstrap, timeout, options)
+    except KafkaError as exc:
+        raise translated(exc) from exc
+    try:
+        yield admin
+    except KafkaError as exc:
+        raise translated(exc) from exc
+    finally:
+        admin.close()
+
+
 def ensure_topics(
     bootstrap: str, specs: Iterable[TopicSpec], *, timeout: float = 30.0, **options: Any
 ) -> list[str]:
@@ -432,25 +478,19 @@ def ensure_topics(
     shrinking is impossible and growing would reshuffle keys across partitions.
     """
     from kafka.admin import NewTopic
-    from kafka.errors import KafkaError, TopicAlreadyExistsError
+    from kafka.errors import TopicAlreadyExistsError
 
     wanted = list(specs)
     created: list[str] = []
-    admin = _admin(bootstrap, timeout, options)
-    try:
+    with _admin_session(bootstrap, timeout, options, "creating topics") as admin:
         existing = set(admin.list_topics())
-        missing = [s for s in wanted if s.name not in existing]
-        for spec in missing:
+        for spec in (s for s in wanted if s.name not in existing):
             topic = NewTopic(spec.name, spec.partitions, 1, topic_configs=dict(spec.configs))
             try:
                 admin.create_topics([topic], timeout_ms=int(timeout * 1000))
                 created.append(spec.name)
             except TopicAlreadyExistsError:
                 pass  # created by someone else between our list and our create
-    except KafkaError as exc:
-        raise ServiceError(f"creating topics on {bootstrap}: {exc}") from exc
-    finally:
-        admin.close()
     return created
 
 
@@ -458,32 +498,18 @@ def delete_topics(
     bootstrap: str, names: Sequence[str], *, timeout: float = 30.0, **options: Any
 ) -> None:
     """Delete topics that exist; missing ones are ignored."""
-    from kafka.errors import KafkaError
-
-    admin = _admin(bootstrap, timeout, options)
-    try:
+    with _admin_session(bootstrap, timeout, options, "deleting topics") as admin:
         present = [n for n in names if n in set(admin.list_topics())]
         if present:
             admin.delete_topics(present, timeout_ms=int(timeout * 1000))
-    except KafkaError as exc:
-        raise ServiceError(f"deleting topics on {bootstrap}: {exc}") from exc
-    finally:
-        admin.close()
 
 
 def topic_partitions(
     bootstrap: str, names: Sequence[str], *, timeout: float = 5.0, **options: Any
 ) -> dict[str, int]:
     """Partition count of each named topic that exists."""
-    from kafka.errors import KafkaError
-
-    admin = _admin(bootstrap, timeout, options)
-    try:
+    with _admin_session(bootstrap, timeout, options, "describing topics") as admin:
         existing = set(admin.list_topics())
         found = [n for n in names if n in existing]
         described = admin.describe_topics(found) if found else []
-    except KafkaError as exc:
-        raise ServiceError(f"describing topics on {bootstrap}: {exc}") from exc
-    finally:
-        admin.close()
     return {d["topic"]: len(d["partitions"]) for d in described}

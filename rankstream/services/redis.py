@@ -187,7 +187,9 @@ def redis_pid(server: RedisServer) -> int | None:
     Whether it answers, and at ``server``'s address, is for :func:`listen_address`
     and :func:`wait_for_redis` to tell.
     """
-    return _proc.live_pid(server.pid_file, _MARKER)
+    # redis-server renames its process title (no config path in it) but moves into
+    # its data dir: that tells ours from a stranger that inherited the pid.
+    return _proc.live_pid(server.pid_file, _MARKER, cwd=server.data_dir)
 
 
 def redis_ping(host: str, port: int, *, password: str | None = None,
@@ -235,8 +237,9 @@ def _quiet(_: str) -> None:
 
 
 def wait_for_redis(probe: Callable[[], PingState], *, timeout: float,
-                   log: Log = _quiet) -> PingState:
-    """Poll ``probe`` until it says "ready"; return the last state it gave.
+                   log: Log = _quiet, gone: Callable[[], bool] = lambda: False) -> PingState:
+    """Poll ``probe`` until it says "ready", or ``gone()`` says the server has died;
+    return the last state it gave.
 
     A server that answered LOADING at any point gets :data:`LOADING_TIMEOUT`
     instead (and then counts as "loading" even if a probe timed out meanwhile):
@@ -247,7 +250,7 @@ def wait_for_redis(probe: Callable[[], PingState], *, timeout: float,
     loading = False
     while True:
         state = probe()
-        if state == "ready":
+        if state == "ready" or gone():
             return state
         if state == "loading" and not loading:
             loading = True
@@ -287,15 +290,23 @@ def start_redis(server: RedisServer, *, binary: str | None = None,
     server.pid_file.unlink(missing_ok=True)
     # With `daemonize yes` the command returns once the server has forked.
     _proc.run_checked([exe, str(server.conf_file)], what="starting redis-server", timeout=30.0)
-    state = wait_for_redis(lambda: _ping_server(server), timeout=timeout, log=log)
-    if state == "loading":
+
+    def gone() -> bool:
+        # It writes its pid file before loading its data, and a fatal error (a corrupt
+        # AOF, a bad directive) leaves it there: no need to wait out the timeout.
+        pid = _proc.read_pid(server.pid_file)
+        return pid is not None and not _proc.process_alive(pid)
+
+    state = wait_for_redis(lambda: _ping_server(server), timeout=timeout, log=log, gone=gone)
+    if state == "loading" and not gone():
         raise still_loading_error(server, redis_pid(server))
     if state != "ready":
         pid = redis_pid(server)
         if pid is not None:
             _proc.stop_process(pid, timeout=5.0, name="redis-server")
+        why = "exited during start-up" if gone() else f"did not answer within {timeout:.0f}s"
         raise ServiceError(
-            f"redis-server on {server.host}:{server.port} did not answer within {timeout:.0f}s\n"
+            f"redis-server on {server.host}:{server.port} {why}\n"
             f"--- {server.log_file} ---\n{_proc.tail(server.log_file)}"
         )
     pid = redis_pid(server)

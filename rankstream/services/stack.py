@@ -23,6 +23,7 @@ from rankstream.services.kafka import (
     TopicSpec,
     ensure_topics,
     fetch_kafka,
+    java_binary,
     kafka_answers,
     kafka_listen_address,
     kafka_pid,
@@ -228,6 +229,19 @@ def _kafka_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) ->
     broker = svc.kafka
     opts = svc.kafka_options
     pid = kafka_pid(broker)
+    if pid is not None:
+        elsewhere = _elsewhere(kafka_listen_address(broker), broker.bootstrap)
+        if elsewhere is not None:
+            # Waiting for it at the configured address could only time out.
+            raise _moved_error("Kafka broker", pid, elsewhere, broker.bootstrap,
+                               f"RANKSTREAM_KAFKA_BOOTSTRAP={elsewhere}")
+        if str(broker.libs_dir) not in _proc.command_line(pid):
+            # Started before a Kafka upgrade (or from another cache dir): serving the
+            # old version as this one would hide the upgrade. Its data dir carries over.
+            log(f"restarting our Kafka broker (pid {pid}): it runs jars other than "
+                f"{broker.libs_dir}")
+            stop_kafka(broker)
+            pid = None
     if pid is None and kafka_answers(broker.bootstrap, **opts):
         return ServiceState("kafka", broker.bootstrap, True, "external", detail="reused")
     if pid is None:
@@ -238,19 +252,12 @@ def _kafka_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) ->
             log(f"fetching Kafka {broker.version} from Maven Central (once) into "
                 f"{broker.libs_dir}")
             fetch_kafka(svc.cache_dir, broker.version, install_tools=install)
-        java = _proc.require_binary("java", debian_package="openjdk-17-jre-headless",
-                                    install=install)
+        java = java_binary(install=install)
         log(f"starting Kafka {broker.version} (KRaft) on {broker.bootstrap}")
         pid = start_kafka(broker, java=java, timeout=timeout)
-    else:
-        elsewhere = _elsewhere(kafka_listen_address(broker), broker.bootstrap)
-        if elsewhere is not None:
-            # Waiting for it at the configured address could only time out.
-            raise _moved_error("Kafka broker", pid, elsewhere, broker.bootstrap,
-                               f"RANKSTREAM_KAFKA_BOOTSTRAP={elsewhere}")
-        if not _proc.wait_until(lambda: kafka_answers(broker.bootstrap, **opts), timeout):
-            raise ServiceError(f"our Kafka broker (pid {pid}) runs but does not answer at "
-                               f"{broker.bootstrap}")
+    elif not _proc.wait_until(lambda: kafka_answers(broker.bootstrap, **opts), timeout):
+        raise ServiceError(f"our Kafka broker (pid {pid}) runs but does not answer at "
+                           f"{broker.bootstrap}")
     return ServiceState("kafka", broker.bootstrap, True, "ours", pid, f"Kafka {broker.version}")
 
 

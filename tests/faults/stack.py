@@ -40,7 +40,8 @@ from rankstream.services import (
     stop_redis,
     topic_specs,
 )
-from rankstream.services.kafka import libs_dir_for
+from rankstream.services.kafka import fetch_kafka, java_binary, libs_dir_for
+from rankstream.services.redis import redis_binary
 from rankstream.settings import Settings
 
 PYTHON = sys.executable
@@ -98,13 +99,19 @@ class FaultStack:
 
 
 def start_stack(base: Settings, home: Path) -> FaultStack:
-    """Start a redis-server (AOF on) and a KRaft broker on free ports under ``home``."""
+    """Start a redis-server (AOF on) and a KRaft broker on free ports under ``home``.
+
+    The session's services may be the user's (Docker's, say), so the jars and the
+    redis-server binary are fetched and installed here when missing, as ``up`` does.
+    """
+    cache_dir = base.cache_dir.expanduser()
+    fetch_kafka(cache_dir)
     server = RedisServer(home=home / "redis", port=free_port())
-    start_redis(server)
-    broker = KafkaBroker(home=home / "kafka", libs_dir=libs_dir_for(base.cache_dir.expanduser()),
+    start_redis(server, binary=redis_binary(install=True))
+    broker = KafkaBroker(home=home / "kafka", libs_dir=libs_dir_for(cache_dir),
                          port=free_port(), controller_port=free_port(), heap_mb=384)
     try:
-        start_kafka(broker, timeout=180.0)
+        start_kafka(broker, java=java_binary(install=True), timeout=180.0)
     except BaseException:
         stop_redis(server)
         raise

@@ -241,3 +241,64 @@ def test_up_and_down_leave_our_broker_on_another_port_alone(tmp_path: Path) -> N
         said, _ = stack._stop_ours(svc, timeout=0.0)
     stop.assert_not_called()
     assert "left running" in said
+
+
+# --- whose process is it -------------------------------------------------------------
+
+def test_a_stale_pid_file_naming_a_stranger_is_not_ours(tmp_path: Path) -> None:
+    """After a reboot the kernel may give the number to an unrelated process, which
+    `down` would then stop: Redis's must also run in its data dir."""
+    import os
+
+    from rankstream.services import _proc
+
+    pid_file = tmp_path / "x.pid"
+    pid_file.write_text(f"{os.getpid()}\n")
+    assert _proc.live_pid(pid_file, "python") == os.getpid()
+    assert _proc.live_pid(pid_file, "python", cwd=Path.cwd()) == os.getpid()
+    assert _proc.live_pid(pid_file, "python", cwd=tmp_path) is None
+    assert _proc.live_pid(pid_file, "redis-server") is None
+
+
+@pytest.mark.parametrize(
+    ("banner", "major"),
+    [('openjdk version "17.0.15" 2025-04-15', 17), ('openjdk version "21" 2023-09-19', 21),
+     ('openjdk version "11.0.2" 2019-01-15', 11), ('java version "1.8.0_292"', 8)],
+)
+def test_java_older_than_17_is_refused_in_one_line(banner: str, major: int) -> None:
+    with mock.patch.object(kafka._proc, "require_binary", return_value="/usr/bin/java"), \
+            mock.patch.object(kafka._proc, "run_checked", return_value=banner + "\n"):
+        if major >= kafka.MIN_JAVA:
+            assert kafka.java_binary(install=False) == "/usr/bin/java"
+        else:
+            with pytest.raises(ServiceError, match=f"needs Java 17 or newer, and "
+                                                   f"/usr/bin/java is Java {major}: install"):
+                kafka.java_binary(install=False)
+
+
+def test_our_broker_running_other_jars_is_restarted_on_these(tmp_path: Path) -> None:
+    svc = _our_broker(tmp_path, started_on=19092, configured=19092)
+    old_jars = "java -cp /old/cache/kafka-4.0.0/libs/* kafka.Kafka server.properties"
+    with mock.patch.object(stack, "kafka_pid", return_value=4243), \
+            mock.patch.object(stack._proc, "command_line", return_value=old_jars), \
+            mock.patch.object(stack, "stop_kafka") as stop, \
+            mock.patch.object(stack, "kafka_answers", return_value=False), \
+            mock.patch.object(stack, "fetch_kafka"), \
+            mock.patch.object(stack, "java_binary", return_value="java"), \
+            mock.patch.object(stack, "start_kafka", return_value=4300) as start:
+        state = stack._kafka_up(svc, install=False, timeout=0.0, log=print)
+    stop.assert_called_once_with(svc.kafka)
+    start.assert_called_once()
+    assert (state.pid, state.owner) == (4300, "ours")
+
+
+def test_a_file_system_failure_is_a_one_line_error_naming_the_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rankstream.services.__main__ import main
+
+    (tmp_path / "a-file").write_text("")
+    with mock.patch.dict("os.environ", {"RANKSTREAM_STATE_DIR": str(tmp_path / "a-file" / "s")}):
+        assert main(["down"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"rankstream services down: error: Not a directory: {tmp_path}/a-file/s\n"
