@@ -192,7 +192,13 @@ def _redis_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) ->
     address = f"{server.host}:{server.port}"
     pid = redis_pid(server)
     if pid is None and _redis_probe(svc):
-        return ServiceState("redis", address, True, "external", detail="reused")
+        durability = _appendonly(svc)
+        if durability == "appendonly=no":
+            # Debian's own service, say: the graph and offsets would survive a crash
+            # only as of its last RDB snapshot. Ours always runs with the AOF.
+            log(f"warning: the Redis at {address} runs without AOF (appendonly=no): a crash "
+                "loses what it wrote since its last snapshot")
+        return ServiceState("redis", address, True, "external", detail=f"reused {durability}")
     if pid is None:
         if not _proc.is_loopback(server.host) or svc.redis_tls:
             raise ServiceError(f"Redis at {address} does not answer, and we only start one on "
