@@ -116,7 +116,8 @@ def plan_writes(y: np.ndarray, live: np.ndarray, record: ZsetRecord, *, threshol
 
     Live pages missing from the ZSET are always added and dead members always
     removed (membership is exact); value moves above ``threshold`` are written
-    largest first until the unwritten ones fit ``budget``, but at most
+    largest first until the unwritten ones fit ``budget`` (moves at or below it
+    only when they alone exceed the budget), but at most
     ``max_updates`` of them (the largest): that caps the Redis time of one
     publication, and what is left stays in ``remainder``, which the published
     bound includes, for the next publication to write.
@@ -136,12 +137,24 @@ def plan_writes(y: np.ndarray, live: np.ndarray, record: ZsetRecord, *, threshol
     add = missing | candidate
     cand_ids = np.flatnonzero(candidate)
     room = budget - dust
-    if max_updates is not None and cand_ids.size > max(max_updates, 0):
-        cand_ids, room = _largest_moves(cand_ids, diff[cand_ids], max(max_updates, 0), room)
+    spare = None if max_updates is None else max(max_updates, 0) - cand_ids.size
+    if spare is not None and spare < 0:
+        cand_ids, room = _largest_moves(cand_ids, diff[cand_ids], max(max_updates or 0, 0), room)
         add[candidate] = False
         add[cand_ids] = True
     if room > 0.0 and cand_ids.size:
         add[cand_ids[unwritten_within(diff[cand_ids], room)]] = False
+    if dust > budget > 0.0 and (spare is None or spare > 0):
+        # The moves below the threshold alone are over the budget, and nothing else
+        # ever writes them: the published bound would stay over the tolerance however
+        # often the scores were republished (and an idle consumer republishes until
+        # they are fresh). Write the largest of them until the rest fits. (No budget
+        # at all means the engine's own bound is over: writing dust cannot help.)
+        dust_ids = np.flatnonzero(stale & ~candidate)
+        write = dust_ids[~unwritten_within(diff[dust_ids], budget)]
+        if spare is not None and write.size > spare:
+            write = write[np.argpartition(diff[write], write.size - spare)[write.size - spare:]]
+        add[write] = True
     add_ids = np.flatnonzero(add)
     live_count = int(np.count_nonzero(live))
     rebuild = (live_count >= REBUILD_MIN_MEMBERS
