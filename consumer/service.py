@@ -383,10 +383,12 @@ class ConsumerService:
 
     def _refresh(self, *, tolerance: float | None = None, max_sweeps: float | None = None
                  ) -> None:
-        """Refresh the engines here and now; their reports become pending."""
+        """Refresh the engines now, on the ranker thread (RANKSTREAM_RANKER_THREADS
+        kernel threads: here they would take every core); reports become pending."""
         self._collect_refresh()
-        self.publications.pending.update(self._mirror().ranks.refresh(tolerance=tolerance,
-                                                                      max_sweeps=max_sweeps))
+        refresh = self._ranker.submit(self._mirror().ranks.refresh, tolerance=tolerance,
+                                      max_sweeps=max_sweeps)
+        self.publications.pending.update(refresh.result())
         self._unrefreshed = False
 
     def _refresh_absorbed(self) -> None:
