@@ -234,14 +234,26 @@ class LinkPublisher:
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Flush, then release the connection; delivery failures are raised after."""
+        from kafka.errors import KafkaError
+
         if self._closed:
             self._raise_failures()
             return
+        flushed = False
         try:
             self.flush(timeout)
+            flushed = True
         finally:
             self._closed = True
-            self._producer.close(timeout=0 if timeout is None else min(timeout, 5.0))
+            try:
+                self._producer.close(timeout=0 if timeout is None else min(timeout, 5.0))
+            except KafkaError as exc:
+                # kafka-python's close flushes again, and raises while events are still
+                # unconfirmed. After a failed flush, the flush's ServiceError (which
+                # counts them) is the one that propagates.
+                if flushed:
+                    raise ServiceError(f"closing the producer of {self.topic}: {exc!r}"
+                                       ) from exc
 
     def __enter__(self) -> Self:
         return self
