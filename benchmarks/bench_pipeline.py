@@ -61,7 +61,7 @@ from consumer.graph_write import GraphWrite, commit_graph, group_members
 from consumer.kafka_source import (
     FETCH_MAX_BYTES,
     MAX_PARTITION_FETCH_BYTES,
-    RECEIVE_MAX_BYTES,
+    receive_max_bytes,
 )
 from consumer.keys import Keys
 from consumer.options import ConsumeOptions
@@ -162,7 +162,8 @@ def kafka_floor(settings: Settings, records: int) -> float:
     consumer = KafkaConsumer(
         bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False,
         max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES, fetch_max_bytes=FETCH_MAX_BYTES,
-        receive_message_max_bytes=RECEIVE_MAX_BYTES, fetch_max_wait_ms=100,
+        receive_message_max_bytes=receive_max_bytes(settings.max_message_bytes),
+        fetch_max_wait_ms=100,
         receive_buffer_bytes=4 * 1024 * 1024, max_poll_records=settings.batch_max_events,
         **kafka_client_options(settings))
     try:

@@ -27,6 +27,18 @@ FETCH_MAX_BYTES = 32 * 1024 * 1024
 # kafka-python refuses any response frame above this (default 1 MB, smaller than one
 # fetch response), so it must exceed the fetch size.
 RECEIVE_MAX_BYTES = FETCH_MAX_BYTES + 8 * 1024 * 1024
+
+
+def receive_max_bytes(max_message_bytes: int) -> int:
+    """The frame limit for a topic whose records may be ``max_message_bytes`` long.
+
+    A broker returns a partition's first record batch whole even when it is larger
+    than the fetch limits, and the topic takes batches up to ``2 * max + 64 KiB``
+    (:func:`rankstream.services.stack.topic_specs`): with a large limit, one such
+    batch on top of a full fetch overflowed the fixed frame limit, and kafka-python
+    dropped the connection and retried the same fetch forever.
+    """
+    return max(RECEIVE_MAX_BYTES, FETCH_MAX_BYTES + 2 * max_message_bytes + 8 * 1024 * 1024)
 RECONNECT_BACKOFF_MAX_MS = 1000
 
 
@@ -92,7 +104,7 @@ class KafkaSource:
                 auto_offset_reset="earliest",
                 max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES,
                 fetch_max_bytes=FETCH_MAX_BYTES,
-                receive_message_max_bytes=RECEIVE_MAX_BYTES,
+                receive_message_max_bytes=receive_max_bytes(settings.max_message_bytes),
                 fetch_max_wait_ms=min(settings.poll_timeout_ms, 100),
                 receive_buffer_bytes=4 * 1024 * 1024,
                 max_poll_records=settings.batch_max_events,

@@ -116,7 +116,9 @@ class Settings(BaseSettings):
     # --- Input limits (violations go to the DLQ with the reason) --------------
     max_url_length: int = Field(8192, ge=16)
     max_links_per_page: int = Field(10_000, ge=1)
-    max_message_bytes: int = Field(1_048_576, ge=1024)
+    # At most 64 MiB: a link event is kilobytes, and every record may be fetched and
+    # buffered whole (topic limit 2x this, consumer.kafka_source.receive_max_bytes).
+    max_message_bytes: int = Field(1_048_576, ge=1024, le=64 * 1024 * 1024)
     # NoDecode: the environment may give "http,https" as well as a JSON list; the
     # validators below parse both, and a typo is a one-line ConfigError either way.
     allowed_schemes: Annotated[tuple[str, ...], NoDecode] = Field(
