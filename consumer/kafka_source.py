@@ -112,6 +112,9 @@ class KafkaSource:
             )
         self._partitions: list[Any] = []
         self._log_starts: dict[int, int] = {}  # per partition, as of the last seek
+        # Per partition: (stale stored offset, log start) where seek() started over.
+        self._rewound: dict[int, tuple[int, int]] = {}
+        self._expected: dict[int, int] = {}  # the next offset each partition should give
 
     @property
     def partitions(self) -> list[int]:
@@ -142,35 +145,69 @@ class KafkaSource:
         A stored offset below the partition's log start means retention (or
         DeleteRecords) removed events before this consumer read them: they are
         gone, so reading resumes at the log start, with a warning that counts them.
+        One past the log end means the topic was deleted and recreated (or the broker
+        lost its log): everything in it is unread, so reading starts over at the log
+        start, with an error in the log, rather than waiting for an offset that may
+        never come.
         """
         with kafka_errors("seeking"):
             starts = self._consumer.beginning_offsets(self._partitions)
+            ends = self._consumer.end_offsets(self._partitions)
             self._log_starts = {tp.partition: int(start) for tp, start in starts.items()}
+            self._rewound = {}
             for tp in self._partitions:
-                start = self._log_starts[tp.partition]
+                start, end = self._log_starts[tp.partition], int(ends[tp])
                 stored = offsets.get(tp.partition)
                 if stored is not None and stored < start:
                     log.warning("events deleted before they were consumed", extra={"fields": {
                         "partition": tp.partition, "stored_offset": stored,
                         "log_start": start, "lost": start - stored}})
-                self._consumer.seek(tp, start if stored is None else max(stored, start))
+                if stored is not None and stored > end:
+                    log.error("stored offset past the log end (topic recreated?): reading "
+                              "the partition from its start", extra={"fields": {
+                                  "partition": tp.partition, "stored_offset": stored,
+                                  "log_start": start, "log_end": end}})
+                    self._rewound[tp.partition] = (stored, start)
+                    stored = start
+                position = start if stored is None else max(stored, start)
+                self._consumer.seek(tp, position)
+                self._expected[tp.partition] = position
 
     def positions(self, offsets: Mapping[int, int]) -> dict[int, int]:
         """``offsets`` (next offset per partition, as committed) raised to each
         partition's log start: what is left to read, for catching up and lag. A
         partition whose records were all deleted gets no record that would move
-        its committed offset, and would otherwise never count as caught up."""
+        its committed offset, and would otherwise never count as caught up; one
+        read over from its start (:meth:`seek`) counts from there until its first
+        batch replaces the stale offset."""
         out = dict(offsets)
         for partition, start in self._log_starts.items():
             out[partition] = max(out.get(partition, 0), start)
+        for partition, (stale, start) in self._rewound.items():
+            if out.get(partition) == stale:
+                out[partition] = start
         return out
 
     def poll(self, max_records: int, timeout_ms: int) -> list[Record]:
-        """Up to ``max_records`` messages, ordered by offset within each partition."""
+        """Up to ``max_records`` messages, ordered by offset within each partition.
+
+        A partition whose records start past where it was left skipped events:
+        kafka-python moves a position that retention deleted under it to the log
+        start by itself, logging that only at INFO. The gap is logged as a warning.
+        """
         with kafka_errors("polling"):
             polled = self._consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
         records: list[Record] = []
         for tp, messages in polled.items():
+            if not messages:
+                continue
+            expected = self._expected.get(tp.partition)
+            if expected is not None and messages[0].offset > expected:
+                log.warning("events deleted before they were consumed", extra={"fields": {
+                    "partition": tp.partition, "expected_offset": expected,
+                    "next_record": messages[0].offset,
+                    "lost": messages[0].offset - expected}})
+            self._expected[tp.partition] = messages[-1].offset + 1
             records.extend(
                 Record(tp.partition, m.offset, m.key, m.value if m.value is not None else b"",
                        m.timestamp)

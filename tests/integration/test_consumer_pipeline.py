@@ -350,6 +350,75 @@ def test_events_deleted_before_they_were_read_are_counted_and_do_not_block_catch
     assert len(edges) == 5
 
 
+def test_events_deleted_while_the_consumer_runs_are_counted(one_partition, caplog):
+    """kafka-python moves a position that retention deleted under a running consumer
+    to the log start by itself, logging it only at INFO: the gap must be a warning."""
+    from kafka import TopicPartition
+    from kafka.admin import KafkaAdminClient
+
+    from consumer.kafka_source import KafkaSource
+
+    settings = one_partition
+    pages = [{"type": "page", "url": f"https://gap.example.org/{i}",
+              "links": ["https://gap.example.org/"]} for i in range(20)]
+    publish(settings, pages[:5])
+    source = KafkaSource(settings)
+    try:
+        source.assign({0: 0})
+        read: list[int] = []
+        deadline = time.monotonic() + 30
+        while len(read) < 5 and time.monotonic() < deadline:
+            read += [r.offset for r in source.poll(100, 200)]
+        assert read == list(range(5))
+        time.sleep(0.5)  # the fetch kafka-python sent after that poll comes back empty
+        publish(settings, pages[5:])
+        admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap,
+                                 **kafka_client_options(settings))
+        try:
+            admin.delete_records({TopicPartition(settings.topic, 0): 15})
+        finally:
+            admin.close()
+        with caplog.at_level("WARNING", logger="rankstream.consumer.kafka"):
+            while len(read) < 10 and time.monotonic() < deadline:
+                read += [r.offset for r in source.poll(100, 200)]
+    finally:
+        source.close()
+    assert read == [*range(5), *range(15, 20)]
+    lost = [r for r in caplog.records
+            if r.getMessage() == "events deleted before they were consumed"]
+    assert [(r.fields["expected_offset"], r.fields["lost"]) for r in lost] == [(5, 10)]  # type: ignore[attr-defined]
+
+
+def test_a_recreated_topic_is_read_from_its_start(one_partition, caplog):
+    """The offsets kept in Redis are past the end of a topic deleted and created again:
+    its events are all unread. Seeking to the stale offset skipped them, and counted
+    the consumer caught up before it had read any."""
+    settings = one_partition
+    options = kafka_client_options(settings)
+    publish(settings, [{"type": "page", "url": f"https://old.example.org/{i}",
+                        "links": ["https://old.example.org/"]} for i in range(10)])
+    consume(settings)
+    delete_topics(settings.kafka_bootstrap, [settings.topic], **options)
+    deadline = time.monotonic() + 60
+    while True:  # deletion is asynchronous: create it again once it is gone
+        try:
+            if ensure_topics(settings.kafka_bootstrap, topic_specs(settings), **options):
+                break
+        except Exception:
+            pass
+        assert time.monotonic() < deadline, "the topic was not deleted"
+        time.sleep(0.5)
+    new = [{"type": "page", "url": f"https://new.example.org/{i}",
+            "links": ["https://new.example.org/"]} for i in range(3)]
+    publish(settings, new)
+    with caplog.at_level("ERROR", logger="rankstream.consumer.kafka"):
+        service = consume(settings, max_seconds=60.0)
+    assert service.stop_reason == "caught-up"
+    assert any(r.getMessage().startswith("stored offset past the log end") for r in caplog.records)
+    edges, _ = url_edges(connect_redis(settings), settings)
+    assert {(p["url"], p["links"][0]) for p in new} <= edges
+
+
 def test_no_score_back_buffer_outlives_its_consumer(isolated):
     """Each back buffer is a full copy of a ZSET: a clean stop drops its own, and a
     start drops those a crashed predecessor left (instead of 15 minutes of TTL)."""
