@@ -18,10 +18,19 @@ Each step shrinks the error by ``lambda_2 / lambda_1`` of ``A^T A``. Query-time 
 sets often hold near-equal stars (many root pages with exactly ``t`` in-linkers) with
 ``lambda_2 / lambda_1`` around 0.999, where the iteration would need ~10^5 steps. So
 after ``_POWER_STEPS`` steps (or earlier, once the observed contraction rate predicts
-it cannot finish within them) the same limit is computed by Lanczos (ARPACK ``eigsh``
-on ``x -> A^T (A x)`` started from ``A^T 1``): eigenvalues within ``tol`` (relative) of
-the largest form the top eigenspace, ``A^T 1`` is projected onto it, one HITS step
-polishes the result, and an explicit residual check certifies it.
+it cannot finish within them) the same limit is computed by Lanczos on
+``x -> A^T (A x)`` started from ``A^T 1``, never restarted and fully reorthogonalised:
+eigenvalues within ``tol`` (relative) of the largest form the top eigenspace,
+``A^T 1`` is projected onto it, one HITS step polishes the result, and an explicit
+residual check certifies it.
+
+Why not a restarted eigensolver (ARPACK's ``eigsh``, used before): a Krylov space
+grown from one start vector holds one direction per DISTINCT eigenvalue, which is
+exactly the start's projection, so a base set of many identical stars (eigenvalue
+50 a hundred times over, 49 as often) is done in three steps, with a breakdown that
+means the answer is exact. ``eigsh`` instead hunted for a whole basis of the
+degenerate eigenspace from random restarts: 200 such stars took 3 s, 300 failed
+within ``max_iter`` (review of session 23).
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from typing import Literal
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.sparse.linalg import ArpackError, ArpackNoConvergence, LinearOperator, eigsh
+from scipy.linalg import eigh_tridiagonal
 from threadpoolctl import ThreadpoolController
 
 from ranker.pagerank import check_iteration_args, clean_links, validate_adjacency
@@ -48,9 +57,9 @@ _POWER_STEPS = 100
 _WARMUP = 10
 # Up to this many pages the fallback uses a dense eigh (ARPACK needs k < n anyway).
 _DENSE_LIMIT = 64
-# ARPACK draws a random vector only after an exact breakdown (a low-rank A^T A); a
-# fixed seed keeps even those runs bit-for-bit reproducible.
-_ARPACK_SEED = 0
+# The Lanczos basis is kept whole (for the reorthogonalisation and the projection):
+# at most this many bytes of it, i.e. fewer steps on a huge base set.
+_BASIS_BYTES = 256 * 1024 * 1024
 # Mat-vecs spent after the eigensolver: one polishing HITS step, two for the check.
 _CHECK_APPLICATIONS = 3
 
@@ -137,9 +146,6 @@ def hits(
             "Lanczos fallback ran out of iterations",
             iterations=max_iter, error=error,
         ) from None
-    except (ArpackNoConvergence, ArpackError) as exc:
-        raise ConvergenceError(f"{failure}: Lanczos fallback failed: {exc}",
-                               iterations=max_iter, error=error) from exc
     iterations = steps + applications
     if not residual <= tol:  # also catches NaN
         raise ConvergenceError(
@@ -202,40 +208,26 @@ def _eigen_hits(
     start = links_t @ np.ones(n)  # the iteration's first authority vector, A^T 1
     start /= np.linalg.norm(start)
     solver_budget = budget - _CHECK_APPLICATIONS
-    applications = 0
-
-    def gram(vector: np.ndarray) -> np.ndarray:
-        nonlocal applications
-        applications += 1
+    if n <= _DENSE_LIMIT:
+        applications = n  # forming A^T A densely costs about n applications
         if applications > solver_budget:
             raise _BudgetExhausted
-        product: np.ndarray = links_t @ (links @ vector.ravel())
-        return product
-
-    # ARPACK's BLAS calls are tiny (n x 20); with several threads they mostly wait for
-    # each other, which made the fallback 2-3x slower on a busy 2-core machine.
-    with _blas_threads().limit(limits=1, user_api="blas"):
-        if n <= _DENSE_LIMIT:
-            applications = n  # forming A^T A densely costs about n applications
-            if applications > solver_budget:
-                raise _BudgetExhausted
-            values, vectors = np.linalg.eigh((links_t @ links).toarray())
-        else:
-            operator = LinearOperator((n, n), matvec=gram, dtype=np.float64)
-            # k = 2 measures the gap; while every eigenvalue found is within tol of
-            # the top, the degenerate top eigenspace may be larger, so ask for more.
-            k = 2
-            while True:
-                values, vectors = eigsh(operator, k=k, which="LA", v0=start, tol=0,
-                                        rng=_ARPACK_SEED)
-                if values.min() < values.max() * (1.0 - tol) or 2 * k >= n - 1:
-                    break
-                k *= 2
-    top = vectors[:, values >= values.max() * (1.0 - tol)]
-    # Projecting the start onto the top eigenspace is exactly what the iteration
-    # converges to, degenerate or not; it also fixes the sign (A^T 1 >= 0 and the
-    # limit of non-negative iterates is >= 0). Clipping only removes rounding specks.
-    authorities = np.maximum(top @ (top.T @ start), 0.0)
+        values, vectors = np.linalg.eigh((links_t @ links).toarray())
+        top = vectors[:, values >= values.max() * (1.0 - tol)]
+        # Projecting the start onto the top eigenspace is exactly what the iteration
+        # converges to, degenerate or not; it also fixes the sign (A^T 1 >= 0 and the
+        # limit of non-negative iterates is >= 0).
+        authorities = top @ (top.T @ start)
+    else:
+        steps = min(solver_budget, max(1, _BASIS_BYTES // (8 * n)))
+        if steps < 1:
+            raise _BudgetExhausted
+        # Its BLAS calls are small (a few dozen basis vectors); with several threads
+        # they mostly wait for each other on a busy 2-core machine.
+        with _blas_threads().limit(limits=1, user_api="blas"):
+            authorities, applications = _krylov_projection(links, links_t, start, tol, steps)
+    # Clipping only removes rounding specks.
+    authorities = np.maximum(authorities, 0.0)
     # One polishing HITS step (exact zeros for pages without in-links), then the check.
     hubs = _unit(links @ authorities)
     authorities = _unit(links_t @ hubs)
@@ -248,6 +240,45 @@ def _eigen_hits(
     residual = float(np.linalg.norm(image - value * authorities)) / value
     residual += float(np.linalg.norm(hub_image - value * hubs)) / value
     return hubs, authorities, applications + _CHECK_APPLICATIONS, residual
+
+
+def _krylov_projection(links: sp.csr_array, links_t: sp.csr_array, start: np.ndarray,
+                       tol: float, steps: int) -> tuple[np.ndarray, int]:
+    """``start`` projected onto the top eigenspace of ``A^T A``, by Lanczos from it.
+
+    Returns ``(projection, applications)``. Stops at a breakdown (the Krylov space is
+    invariant: the projection is exact) or once the top Ritz values' residuals
+    ``beta * |s_last|`` are below a tenth of ``tol`` (relative); raises
+    :class:`_BudgetExhausted` when ``steps`` steps did not get there.
+    """
+    n = start.size
+    basis = np.empty((min(steps + 1, 16), n))
+    basis[0] = start
+    alphas: list[float] = []
+    betas: list[float] = []
+    for j in range(steps):
+        w = links_t @ (links @ basis[j])
+        alphas.append(float(basis[j] @ w))
+        done = basis[: j + 1]
+        # Classical Gram-Schmidt twice: orthogonal to working precision.
+        w -= done.T @ (done @ w)
+        w -= done.T @ (done @ w)
+        beta = float(np.linalg.norm(w))
+        theta, ritz = eigh_tridiagonal(np.array(alphas), np.array(betas))
+        top = theta >= theta.max() * (1.0 - tol)
+        scale = max(float(theta.max()), np.finfo(float).tiny)
+        if beta <= 1e-12 * scale or beta * float(np.abs(ritz[-1, top]).max()) <= 0.1 * tol * scale:
+            # In the Lanczos basis the start is e_1: its projection onto the top Ritz
+            # vectors has coordinates ritz_top @ ritz_top[0].
+            coordinates = ritz[:, top] @ ritz[0, top]
+            return done.T @ coordinates, j + 1
+        if j + 1 == basis.shape[0]:
+            grown = np.empty((min(2 * basis.shape[0], steps + 1), n))
+            grown[: j + 1] = done
+            basis = grown
+        basis[j + 1] = w / beta
+        betas.append(beta)
+    raise _BudgetExhausted
 
 
 def _unit(vector: np.ndarray) -> np.ndarray:

@@ -234,3 +234,26 @@ def test_fallback_stays_within_max_iter() -> None:
     with pytest.raises(ConvergenceError) as caught:
         hits(adjacency_matrix(num_nodes, edges), max_iter=12)
     assert caught.value.iterations <= 12
+
+
+def test_many_identical_stars_are_solved_in_a_few_steps() -> None:
+    """A base set of 150 roots with exactly 50 in-linkers and 150 with 49: the top
+    eigenvalue is 50, 150 times over. A restarted eigensolver hunted for a basis of
+    that eigenspace and failed within max_iter; the Krylov space from A^T 1 holds the
+    answer after three steps. The limit: equal authority on the 50-star centres."""
+    sizes = [50] * 150 + [49] * 150
+    edges, centres, base = [], [], 0
+    for size in sizes:
+        edges += [(base + 1 + k, base) for k in range(size)]
+        centres.append(base)
+        base += size + 1
+    matrix = adjacency_matrix(base, edges)
+    result = hits(matrix, tol=1e-8, max_iter=1000)
+    assert result.iterations < 150
+    expected = np.zeros(base)
+    expected[centres[:150]] = 1 / np.sqrt(150)
+    np.testing.assert_allclose(result.authorities, expected, atol=1e-12)
+    leaves = [(u, v) for u, v in edges if v in set(centres[:150])]
+    expected_hubs = np.zeros(base)
+    expected_hubs[[u for u, _ in leaves]] = 1 / np.sqrt(len(leaves))
+    np.testing.assert_allclose(result.hubs, expected_hubs, atol=1e-12)
