@@ -305,7 +305,9 @@ def _versions(redis: Any, prefix: str) -> tuple[int, str]:
     pipe.hget(f"{prefix}graph", "version")
     pipe.hget(f"{prefix}meta:{_SCORE_ALGORITHM}", "publication")
     graph_version, publication = pipe.execute()
-    return _as_int(graph_version), (publication or b"").decode("utf-8", "replace")
+    if isinstance(publication, bytes):  # a client with decode_responses gives str
+        publication = publication.decode("utf-8", "replace")
+    return _as_int(graph_version), publication or ""
 
 
 def _as_int(raw: bytes | None) -> int:

@@ -125,6 +125,10 @@ def hits(
     links = clean_links(matrix)
     if links.nnz == 0:
         return HitsResult(np.zeros(n), np.zeros(n), 1, 0.0)
+    # HITS does not depend on the weights' scale, but floating point does: weights of
+    # 1e-170 or 1e160 underflowed or overflowed A^T A into NaN. Largest weight 1.
+    links = sp.csr_array((links.data / links.data.max(), links.indices, links.indptr),
+                         shape=links.shape)
     links_t = sp.csr_array(links.T.tocsr())
 
     hubs, authorities, steps, error = _power_iteration(

@@ -393,3 +393,24 @@ def test_options_are_part_of_the_cache_key(graph: HandGraph) -> None:
     other = run_hits(graph.client, graph.prefix, HitsQuery(seeds=seeds, host_weighting=True))
     assert not other.cached
     assert not run_hits(graph.client, graph.prefix, HitsQuery(seeds=seeds, k=4)).cached
+
+
+def test_a_client_that_decodes_responses_gets_the_same_answer(
+    graph: HandGraph, services: Settings
+) -> None:
+    """run_hits is a library call: a redis-py client made with decode_responses=True
+    (str replies, not bytes) crashed on the publication id with an AttributeError."""
+    seeds = tuple(_mutual_reinforcement(graph))
+    graph.client.hset(f"{graph.prefix}meta:pagerank", "publication", "abc123")
+    query = HitsQuery(seeds=seeds, k=3)
+    expected = run_hits(graph.client, graph.prefix, query, use_cache=False)
+    password = services.redis_password.get_secret_value() if services.redis_password else None
+    client = redis_py.Redis.from_url(services.redis_url, username=services.redis_username,
+                                     password=password, decode_responses=True)
+    try:
+        for use_cache in (False, True, True):
+            answer = run_hits(client, graph.prefix, query, use_cache=use_cache)
+            assert answer.authorities == expected.authorities
+            assert answer.hubs == expected.hubs
+    finally:
+        client.close()

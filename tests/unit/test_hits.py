@@ -257,3 +257,13 @@ def test_many_identical_stars_are_solved_in_a_few_steps() -> None:
     expected_hubs = np.zeros(base)
     expected_hubs[[u for u, _ in leaves]] = 1 / np.sqrt(len(leaves))
     np.testing.assert_allclose(result.hubs, expected_hubs, atol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [1e-170, 1e160])
+def test_the_scale_of_the_weights_does_not_matter(scale: float) -> None:
+    num_nodes, edges = _near_degenerate_stars(50)
+    matrix = adjacency_matrix(num_nodes, edges)
+    expected = hits(matrix, tol=1e-10)
+    scaled = hits(matrix * scale, tol=1e-10)
+    np.testing.assert_allclose(scaled.authorities, expected.authorities, atol=1e-12)
+    np.testing.assert_allclose(scaled.hubs, expected.hubs, atol=1e-12)
