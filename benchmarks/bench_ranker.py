@@ -8,7 +8,7 @@ Graphs: the seeded copying-model web graph of :mod:`ranker.synthetic` (``--pages
 pages, ~8 links per page, 20% uncrawled; "cyc": random links to any page, so
 cycles, the default; "dag": Kumar et al.'s original model, random links to earlier
 pages only) and the real Python docs graph (``DIR/python-docs-links.tsv.gz``, DIR
-defaulting to ``../shared/data`` beside the repository).
+defaulting to the repository's ``data``, which holds a copy of ``../shared/data``'s).
 
 Operation: absorb a batch of random link changes (half deletions of present links,
 half new links), restoring a max-abs error of at most ``--accuracy`` (paper scale)
@@ -406,7 +406,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--pages", type=int, default=1_000_000)
     parser.add_argument("--quick", action="store_true",
                         help="100k pages, batches up to 10k, one repeat")
-    parser.add_argument("--data-dir", type=Path, default=repo.parent / "shared" / "data")
+    parser.add_argument("--data-dir", type=Path, default=repo / "data")
     parser.add_argument("--accuracy", type=float, default=1e-6,
                         help="max-abs error to restore, paper scale")
     parser.add_argument("--batch-sizes", default="10,100,1000,10000,100000")

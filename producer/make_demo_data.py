@@ -26,7 +26,7 @@ from rankstream.errors import InputError
 __all__ = ["build_demo_lines", "main", "write_demo_data"]
 
 _REPO = Path(__file__).resolve().parents[1]
-DEFAULT_SOURCE = _REPO.parent / "shared" / "data" / "python-docs-links.tsv.gz"
+DEFAULT_SOURCE = _REPO / "data" / "python-docs-links.tsv.gz"  # ../shared/data's, copied
 DEFAULT_OUTPUT = _REPO / "data" / "python-docs-pages.jsonl.gz"
 TS_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 TS_STEP_MS = 1000
