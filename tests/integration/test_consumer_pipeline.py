@@ -469,9 +469,15 @@ def test_an_idle_consumer_stops_when_another_takes_its_lease(isolated):
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
-    while client.hget(keys.graph, "version") != b"1" and time.monotonic() < deadline:
+
+    def idle() -> bool:  # the batch committed and both rankings published fresh
+        return client.hget(keys.graph, "version") == b"1" and all(
+            client.hget(keys.meta(a), "fresh") == b"1" for a in ALGORITHMS)
+
+    while not idle() and time.monotonic() < deadline:
         time.sleep(0.1)
-    time.sleep(3.0)  # published and refreshed: nothing left that would write
+    assert idle(), "the consumer never settled, so this would not test the idle loop"
+    time.sleep(1.0)  # a publication's last writes
     other = Holder(host="elsewhere.example", pid=4242, since="2026-11-27T00:00:00+00:00",
                    token="f" * 32)
     client.set(keys.lock, other.encode(), px=60_000)

@@ -35,11 +35,15 @@ def consumer_env(settings: Settings, **extra: str) -> dict[str, str]:
     return env
 
 
-def start_consumer(settings: Settings, *args: str, **env: str) -> subprocess.Popen[str]:
+def start_consumer(settings: Settings, *args: str, read_output: bool = True,
+                   **env: str) -> subprocess.Popen[str]:
+    """``read_output``: pipes the test reads with ``communicate``. Otherwise the output
+    goes nowhere: an undrained pipe fills after 64 KiB of JSON log lines and blocks
+    the consumer, which would then look stalled."""
+    out = subprocess.PIPE if read_output else subprocess.DEVNULL
     return subprocess.Popen(
         [sys.executable, "-m", "consumer", "consume", *args],
-        env=consumer_env(settings, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        env=consumer_env(settings, **env), stdout=out, stderr=out, text=True)
 
 
 def wait_for(check: Any, timeout: float, what: str) -> None:
@@ -75,7 +79,7 @@ def test_sigkill_mid_stream_then_restart_equals_an_uninterrupted_run(isolated: I
         return sum(int(v) for v in client.hvals(keys.offsets))
 
     for fraction in (0.2, 0.5):
-        proc = start_consumer(settings, RANKSTREAM_BATCH_MAX_EVENTS="50")
+        proc = start_consumer(settings, read_output=False, RANKSTREAM_BATCH_MAX_EVENTS="50")
         procs.append(proc)
         wait_for(lambda f=fraction: consumed() >= f * len(log), 120, "progress")
         proc.send_signal(signal.SIGKILL)

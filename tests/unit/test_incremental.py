@@ -56,13 +56,19 @@ class Published:
             values[report.moved_ids] = report.moved_scores
 
 
+# The cold reference's own error (it stops at a relative change of 1e-14) and float64
+# rounding: 1e-9 was 10x the certified bounds of the 1e-10 examples, hiding errors in
+# exactly the rounding-drift terms the certificate carries.
+REFERENCE_SLACK = 1e-12
+
+
 def check(ranks: LiveRanks, reports: dict[str, RefreshReport], published: Published) -> None:
     graph = ranks.graph
     live = graph.live_mask()
     for name, report in reports.items():
         y = ranks.scores(name)
         exact = exact_scores(graph, name, ranks.damping)
-        slack = 1e-9 * max(1.0, float(exact.sum()))
+        slack = REFERENCE_SLACK * max(1.0, float(exact.sum()))
         assert report.fresh, report
         assert report.relative_bound <= ranks.tolerance
         assert np.abs(y - exact).sum() <= report.bound + slack
@@ -94,7 +100,7 @@ def check_bounds(ranks: LiveRanks, reports: dict[str, RefreshReport]) -> None:
     for name, report in reports.items():
         y = ranks.scores(name)
         exact = exact_scores(ranks.graph, name, ranks.damping)
-        slack = 1e-9 * max(1.0, float(exact.sum()))
+        slack = REFERENCE_SLACK * max(1.0, float(exact.sum()))
         assert np.abs(y - exact).sum() <= report.bound + slack
         assert np.abs(y - exact).max(initial=0.0) <= report.max_abs_bound + slack
         assert report.fresh == (report.relative_bound <= ranks.tolerance
