@@ -167,6 +167,17 @@ def test_in_candidate_cap_keeps_lowest_ids(graph: HandGraph, monkeypatch: Any) -
     assert {u for u in urls if u.startswith("https://i")} == {"https://i2.org/", "https://i0.org/"}
 
 
+def test_a_base_set_past_the_cap_is_refused_not_cut_short(
+    graph: HandGraph, monkeypatch: Any
+) -> None:
+    _star(graph)  # r.org, its 2 out-links and 10 in-linkers
+    monkeypatch.setattr(hits_base, "MAX_CANDIDATES", 12)
+    with pytest.raises(InputError, match="would look up 13 pages, more than 12: ask for fewer"):
+        base_urls(graph, HitsQuery(seeds=("https://r.org/",), max_in=2))
+    # With max_in=0 the in-linkers are not candidates at all.
+    assert len(base_urls(graph, HitsQuery(seeds=("https://r.org/",), max_in=0))) == 3
+
+
 def test_unknown_and_duplicate_seeds(graph: HandGraph) -> None:
     _star(graph)
     answer = run_hits(graph.client, graph.prefix, HitsQuery(
