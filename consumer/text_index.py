@@ -78,7 +78,7 @@ MAX_TERM_CHARS = 64
 MAX_TERMS_PER_TEXT = 32
 MAX_QUERY_TERMS = 16
 # When more pages tie on the lowest matching-term count that still reaches the
-# limit, at most this many of them are ranked by PageRank (the lowest ids, i.e. the
+# limit, at most this many live ones are ranked by PageRank (the lowest ids, i.e. the
 # pages seen first, are kept): it bounds one query's work on a huge graph where a
 # common word matches a large share of all pages.
 MAX_MATCH_CANDIDATES = 20_000
@@ -207,19 +207,30 @@ def match(
         return []
     # Whole count groups, best first, until enough LIVE pages are in: filtering only
     # after picking the groups returned fewer roots than asked (none at all when the
-    # best group held only removed pages) though lower groups had live matches.
+    # best group held only removed pages) though lower groups had live matches. A
+    # huge group is read in id order, MAX_MATCH_CANDIDATES at a time, and removed
+    # pages are dropped before its cap, not after: the oldest ids, the ones the cap
+    # keeps, are the likeliest to have been removed.
     found: list[tuple[int, str, int]] = []
     for group in _count_groups(counted):
-        ids = [int(member) for member, _ in group]
-        pipe = redis.pipeline(transaction=False)
-        pipe.hmget(f"{prefix}page:url", ids)
-        pipe.smismember(f"{prefix}page:removed", ids)
-        urls_raw, removed = pipe.execute()
-        found.extend(
-            (page_id, url if isinstance(url, str) else url.decode(), int(count))
-            for page_id, url, gone, (_, count) in zip(ids, urls_raw, removed, group, strict=True)
-            if url is not None and not gone
-        )
+        taken = 0
+        for start in range(0, len(group), MAX_MATCH_CANDIDATES):
+            chunk = group[start:start + MAX_MATCH_CANDIDATES]
+            ids = [int(member) for member, _ in chunk]
+            pipe = redis.pipeline(transaction=False)
+            pipe.hmget(f"{prefix}page:url", ids)
+            pipe.smismember(f"{prefix}page:removed", ids)
+            urls_raw, removed = pipe.execute()
+            live = [
+                (page_id, url if isinstance(url, str) else url.decode(), int(count))
+                for page_id, url, gone, (_, count) in zip(ids, urls_raw, removed, chunk,
+                                                           strict=True)
+                if url is not None and not gone
+            ][: MAX_MATCH_CANDIDATES - taken]
+            found.extend(live)
+            taken += len(live)
+            if taken >= MAX_MATCH_CANDIDATES or len(found) >= limit:
+                break
         if len(found) >= limit:
             break
     if not found:
@@ -240,7 +251,8 @@ def _count_groups(
 
     Only the pages that can make the cut need their PageRank looked up: every page
     with more matching terms than the limit's boundary group is in regardless. A
-    huge group is capped at :data:`MAX_MATCH_CANDIDATES` (lowest ids).
+    group larger than :data:`MAX_MATCH_CANDIDATES` comes in id order (the caller
+    keeps the lowest live ids).
     """
     by_count: defaultdict[float, list[tuple[bytes | str, float]]] = defaultdict(list)
     for item in counted:
@@ -249,6 +261,6 @@ def _count_groups(
     for count in sorted(by_count, reverse=True):
         group = by_count[count]
         if len(group) > MAX_MATCH_CANDIDATES:
-            group = sorted(group, key=lambda item: int(item[0]))[:MAX_MATCH_CANDIDATES]
+            group = sorted(group, key=lambda item: int(item[0]))
         groups.append(group)
     return groups

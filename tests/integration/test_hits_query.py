@@ -249,6 +249,28 @@ def test_text_root_set_fills_up_past_removed_pages(graph: HandGraph) -> None:
 # --- options -----------------------------------------------------------------------------
 
 
+def test_the_tie_group_cap_counts_live_pages_only(graph: HandGraph, monkeypatch: Any) -> None:
+    """A tie group over the cap was cut to its lowest ids BEFORE removed pages were
+    dropped, and the oldest ids are the likeliest removed: the root set came back
+    short, or from a worse group, though live pages matched every term."""
+    from consumer import text_index
+
+    monkeypatch.setattr(text_index, "MAX_MATCH_CANDIDATES", 3)
+    titles = {f"https://p{i}.org/": "red apple" for i in range(6)}
+    titles |= {f"https://q{i}.org/": "apple" for i in range(3)}
+    graph.write(titles=titles)
+    for i in range(3):
+        graph.client.sadd(f"{graph.prefix}page:removed", graph.ids[f"https://p{i}.org/"])
+    for root_size, expected in [(2, 2), (3, 3), (5, 5)]:
+        query = HitsQuery(text="red apple", root_size=root_size, max_in=0,
+                          drop_intrinsic=False)
+        sub = collect_subgraph(graph.client, graph.prefix, query)
+        roots = [u for u, r in zip(sub.urls, sub.is_root, strict=True) if r]
+        assert len(roots) == expected
+        both = {f"https://p{i}.org/" for i in range(3, 6)}  # the live pages matching both
+        assert len(both & set(roots)) == min(root_size, 3)
+
+
 def test_intrinsic_links_are_dropped_by_default(graph: HandGraph) -> None:
     graph.write([
         ("https://a.com/1", "https://a.com/2"),
