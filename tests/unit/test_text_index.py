@@ -47,6 +47,26 @@ def test_tokenize_handles_unicode_case_and_compatibility_forms() -> None:
     assert tokenize("Bücher über ÜBER") == ["bücher", "über"]
 
 
+def test_tokenize_keeps_combining_marks_inside_words() -> None:
+    """Many scripts write vowels and diacritics as combining marks: splitting at them
+    turned "हिन्दी" into its consonants, and "İSTANBUL" into "stanbul"."""
+    assert tokenize("हिन्दी भाषा") == ["हिन्दी", "भाषा"]
+    assert tokenize("İSTANBUL guide") == tokenize("istanbul guide") == ["istanbul", "guide"]
+    assert tokenize("ǰava x\u0301y") == ["ǰava", "x\u0301y"]
+    assert tokenize("\u0301abc") == ["abc"]  # a mark does not start a word
+
+
+def test_the_mark_class_covers_every_combining_mark() -> None:
+    import sys
+    import unicodedata
+
+    from consumer.text_index import _WORD_RE
+
+    for code in range(sys.maxunicode + 1):
+        if unicodedata.category(chr(code)).startswith("M"):
+            assert _WORD_RE.fullmatch("a" + chr(code)), hex(code)
+
+
 def test_tokenize_bounds_terms() -> None:
     assert tokenize("x" * (MAX_TERM_CHARS + 1) + " ok") == ["ok"]
     many = " ".join(f"w{i}" for i in range(100))
