@@ -115,7 +115,7 @@ class LogCapture(logging.Handler):
             self.publications.append({**fields, "t": record.created})
 
 
-PHASES = ("plan_s", "refresh_wait_s", "rank_s", "prefetch_s", "wait_commit_s", "publish_s")
+PHASES = ("plan_s", "refresh_wait_s", "rank_s", "prefetch_s", "wait_commit_s")
 
 
 def run_throughput(settings: Settings) -> Throughput:

@@ -117,8 +117,10 @@ class ConsumerService:
                                   batch_max_events=settings.batch_max_events,
                                   poll_timeout_ms=settings.poll_timeout_ms, backoff=backoff,
                                   stop_event=self.stop_event)
-        # The transaction of the last batch the engines absorbed, while it may still run.
+        # The transaction of the last batch the engines absorbed, while it may still run,
+        # and the offsets it commits (Kafka's group gets them once it did: lag tools).
         self._uncommitted: Future[None] | None = None
+        self._uncommitted_offsets: dict[int, int] = {}
         # The refresh after the last batch, while it may still run (see process).
         self._refreshing: Future[dict[str, Any]] | None = None
         self._lagging = False  # a full batch waited beyond the last one: catching up
@@ -310,6 +312,7 @@ class ConsumerService:
             full, last=pacing.drain_comes_first(self._positions_after(batch.next_offsets)))
         absorbing = self._ranker.submit(mirror.absorb_planned, planned)
         self._uncommitted, self._lagging, self._unrefreshed = commit, full, True
+        self._uncommitted_offsets = batch.next_offsets
         refreshing = None
         try:
             if publication is not None:
@@ -329,9 +332,7 @@ class ConsumerService:
         t_rank = time.perf_counter()
         if refreshing is not None:
             pacing.refresh_started(t_rank)  # the ranker thread went on to it
-        self._source().commit_for_monitoring(batch.next_offsets)
-        done = time.perf_counter()
-        self.stats.record_batch(len(batch.records), planned.write.link_changes, done - started)
+        self.stats.record_batch(len(batch.records), planned.write.link_changes, t_rank - started)
         log.info("batch", extra={"fields": {
             "messages": len(batch.records), "dead_letters": len(batch.letters),
             "link_changes": planned.write.link_changes, "version": mirror.counters.version,
@@ -339,8 +340,7 @@ class ConsumerService:
             "plan_s": round(t_plan - started, 4), "dlq_s": round(t_sent - t_plan, 4),
             "refresh_wait_s": round(t_refreshed - t_sent, 4),
             "wait_commit_s": round(t_commit - t_refreshed, 4),
-            "prefetch_s": round(t_fetch - t_commit, 4), "rank_s": round(t_rank - t_fetch, 4),
-            "publish_s": round(done - t_rank, 4)}})
+            "prefetch_s": round(t_fetch - t_commit, 4), "rank_s": round(t_rank - t_fetch, 4)}})
         self._heartbeat()
 
     def _collect_refresh(self) -> None:
@@ -380,6 +380,7 @@ class ConsumerService:
         commit, self._uncommitted = self._uncommitted, None
         if commit is not None:
             commit.result()
+            self._source().commit_for_monitoring(self._uncommitted_offsets)
 
     def _refresh(self, *, tolerance: float | None = None, max_sweeps: float | None = None
                  ) -> None:
