@@ -40,6 +40,10 @@ def receive_max_bytes(max_message_bytes: int) -> int:
     """
     return max(RECEIVE_MAX_BYTES, FETCH_MAX_BYTES + 2 * max_message_bytes + 8 * 1024 * 1024)
 RECONNECT_BACKOFF_MAX_MS = 1000
+# How often the topic's partition count is looked at (and kafka-python's metadata
+# refreshed, 5 minutes by default): partitions added to the topic are read after
+# at most about this long, without a restart.
+PARTITION_CHECK_S = 30.0
 
 
 @contextlib.contextmanager
@@ -108,6 +112,7 @@ class KafkaSource:
                 fetch_max_wait_ms=min(settings.poll_timeout_ms, 100),
                 receive_buffer_bytes=4 * 1024 * 1024,
                 max_poll_records=settings.batch_max_events,
+                metadata_max_age_ms=int(PARTITION_CHECK_S * 1000),
                 **kafka_options(settings),
             )
         self._partitions: list[Any] = []
@@ -115,6 +120,7 @@ class KafkaSource:
         # Per partition: (stale stored offset, log start) where seek() started over.
         self._rewound: dict[int, tuple[int, int]] = {}
         self._expected: dict[int, int] = {}  # the next offset each partition should give
+        self._next_partition_check = time.monotonic() + PARTITION_CHECK_S
 
     @property
     def partitions(self) -> list[int]:
@@ -196,6 +202,7 @@ class KafkaSource:
         start by itself, logging that only at INFO. The gap is logged as a warning.
         """
         with kafka_errors("polling"):
+            self._add_new_partitions()
             polled = self._consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
         records: list[Record] = []
         for tp, messages in polled.items():
@@ -214,6 +221,33 @@ class KafkaSource:
                 for m in messages
             )
         return records
+
+    def _add_new_partitions(self) -> None:
+        """Assign partitions added to the topic since :meth:`assign`, from their start.
+
+        Manual assignment gets no rebalance when the topic grows: without this, the
+        keys hashed to new partitions were never read until a restart (and lag did
+        not show them). Positions of the partitions already assigned are kept.
+        """
+        from kafka import TopicPartition
+
+        now = time.monotonic()
+        if now < self._next_partition_check or not self._partitions:
+            return
+        self._next_partition_check = now + PARTITION_CHECK_S
+        found = self._consumer.partitions_for_topic(self.topic) or set()
+        added = [TopicPartition(self.topic, p) for p in sorted(set(found) - set(self.partitions))]
+        if not added:
+            return
+        self._partitions = [*self._partitions, *added]
+        self._consumer.assign(self._partitions)
+        starts = self._consumer.beginning_offsets(added)
+        for tp in added:
+            start = int(starts[tp])
+            self._log_starts[tp.partition] = self._expected[tp.partition] = start
+            self._consumer.seek(tp, start)
+        log.warning("partitions added to the topic: reading them from their start",
+                    extra={"fields": {"partitions": [tp.partition for tp in added]}})
 
     def end_offsets(self) -> dict[int, int]:
         """The current log-end offset of every assigned partition (one round trip)."""

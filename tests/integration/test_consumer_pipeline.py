@@ -389,6 +389,45 @@ def test_events_deleted_while_the_consumer_runs_are_counted(one_partition, caplo
     assert [(r.fields["expected_offset"], r.fields["lost"]) for r in lost] == [(5, 10)]  # type: ignore[attr-defined]
 
 
+def test_partitions_added_while_running_are_read_from_their_start(one_partition, monkeypatch):
+    """Manual assignment gets no rebalance when a topic grows: the keys hashed to a new
+    partition were never read until a restart."""
+    from kafka import KafkaProducer
+    from kafka.admin import KafkaAdminClient, NewPartitions
+
+    from consumer import kafka_source
+
+    monkeypatch.setattr(kafka_source, "PARTITION_CHECK_S", 0.5)
+    settings = one_partition
+    options = kafka_client_options(settings)
+    publish(settings, [{"type": "page", "url": "https://p0.example.org/", "links": []}])
+    source = kafka_source.KafkaSource(settings)
+    try:
+        source.assign({})
+        seen: set[tuple[int, int]] = set()
+        deadline = time.monotonic() + 60
+        while not seen and time.monotonic() < deadline:
+            seen |= {(r.partition, r.offset) for r in source.poll(100, 200)}
+        assert seen == {(0, 0)}
+        admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, **options)
+        try:
+            admin.create_partitions({settings.topic: NewPartitions(total_count=2)})
+        finally:
+            admin.close()
+        producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, **options)
+        try:
+            producer.send(settings.topic, b"{}", partition=1).get(timeout=30)
+            producer.send(settings.topic, b"{}", partition=0).get(timeout=30)
+        finally:
+            producer.close()
+        while len(seen) < 3 and time.monotonic() < deadline:
+            seen |= {(r.partition, r.offset) for r in source.poll(100, 200)}
+        assert seen == {(0, 0), (0, 1), (1, 0)}
+        assert source.partitions == [0, 1]
+    finally:
+        source.close()
+
+
 def test_a_recreated_topic_is_read_from_its_start(one_partition, caplog):
     """The offsets kept in Redis are past the end of a topic deleted and created again:
     its events are all unread. Seeking to the stale offset skipped them, and counted
