@@ -187,11 +187,47 @@ def _moved_error(what: str, pid: int, elsewhere: str, configured: str, setting: 
         f"stop it (`{setting} ./run services down`) or use another RANKSTREAM_STATE_DIR")
 
 
+# How long a listener on a service's port that does not answer yet gets (a container
+# still starting, a Redis loading its data) before it counts as a stranger. Checked
+# before anything is installed or fetched: those cannot help while the port is taken.
+FOREIGN_WAIT_S = 30.0
+
+
+def _wait_for_foreign_redis(svc: LocalServices, timeout: float, log: Log) -> bool:
+    """True once something already on the Redis port answers as the configured Redis."""
+    address = svc.redis.address
+    log(f"{address} is taken but does not answer as Redis yet: waiting for it")
+    state = wait_for_redis(lambda: _redis_ping(svc), timeout=min(timeout, FOREIGN_WAIT_S),
+                           log=log)
+    if state == "ready":
+        return True
+    if state == "loading":
+        raise still_loading_error(svc.redis, None)
+    if state == "denied":
+        raise ServiceError(f"the Redis at {address} refuses the configured credentials "
+                           "(RANKSTREAM_REDIS_URL, _REDIS_USERNAME, _REDIS_PASSWORD)")
+    raise ServiceError(f"{address} is taken by a process that does not answer as Redis "
+                       "(see `ss -ltnp`): stop it or set RANKSTREAM_REDIS_URL")
+
+
+def _wait_for_foreign_kafka(broker: KafkaBroker, opts: Mapping[str, Any], timeout: float,
+                            log: Log) -> bool:
+    """True once something already on the Kafka port answers as a broker."""
+    log(f"{broker.bootstrap} is taken but does not answer as Kafka yet: waiting for it")
+    if _proc.wait_until(lambda: kafka_answers(broker.bootstrap, **opts),
+                        min(timeout, FOREIGN_WAIT_S)):
+        return True
+    raise ServiceError(f"{broker.bootstrap} is taken by a process that does not answer as "
+                       "Kafka (see `ss -ltnp`): stop it or set RANKSTREAM_KAFKA_BOOTSTRAP")
+
+
 def _redis_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) -> ServiceState:
     server = svc.redis
     address = f"{server.host}:{server.port}"
     pid = redis_pid(server)
-    if pid is None and _redis_probe(svc):
+    if pid is None and (_redis_probe(svc) or (
+            _proc.port_open(server.host, server.port)
+            and _wait_for_foreign_redis(svc, timeout, log))):
         durability = _appendonly(svc)
         if durability == "appendonly=no":
             # Debian's own service, say: the graph and offsets would survive a crash
@@ -248,7 +284,9 @@ def _kafka_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) ->
                 f"{broker.libs_dir}")
             stop_kafka(broker)
             pid = None
-    if pid is None and kafka_answers(broker.bootstrap, **opts):
+    if pid is None and (kafka_answers(broker.bootstrap, **opts) or (
+            _proc.port_open(broker.host, broker.port)
+            and _wait_for_foreign_kafka(broker, opts, timeout, log))):
         return ServiceState("kafka", broker.bootstrap, True, "external", detail="reused")
     if pid is None:
         if not _proc.is_loopback(broker.host) or opts.get("security_protocol") != "PLAINTEXT":

@@ -302,3 +302,34 @@ def test_a_file_system_failure_is_a_one_line_error_naming_the_path(
         assert main(["down"]) == 2
     err = capsys.readouterr().err
     assert err == f"rankstream services down: error: Not a directory: {tmp_path}/a-file/s\n"
+
+
+@pytest.mark.parametrize("service", ["redis", "kafka"])
+def test_a_stranger_on_the_port_is_named_before_anything_is_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, service: str
+) -> None:
+    """A foreign listener (or a container still starting) used to cost an apt install
+    and a Maven download before the port check said it was taken."""
+    import socket
+
+    stranger = socket.socket()
+    stranger.bind(("127.0.0.1", 0))
+    stranger.listen()
+    port = stranger.getsockname()[1]
+    monkeypatch.setattr(stack, "FOREIGN_WAIT_S", 0.3)
+    settings = load_settings(redis_url=f"redis://127.0.0.1:{port}/0",
+                             kafka_bootstrap=f"127.0.0.1:{port}", state_dir=tmp_path,
+                             cache_dir=tmp_path)
+    svc = stack.local_services(settings)
+    refuse = mock.Mock(side_effect=AssertionError("installed or fetched"))
+    try:
+        with mock.patch.object(stack, "redis_binary", refuse), \
+                mock.patch.object(stack, "fetch_kafka", refuse), \
+                mock.patch.object(stack, "java_binary", refuse), \
+                mock.patch.object(stack, "kafka_answers", return_value=False), \
+                pytest.raises(ServiceError, match=f"127.0.0.1:{port} is taken by a process "
+                                                  f"that does not answer as "):
+            up = stack._redis_up if service == "redis" else stack._kafka_up
+            up(svc, install=True, timeout=5.0, log=lambda _line: None)
+    finally:
+        stranger.close()
