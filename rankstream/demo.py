@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rankstream.errors import InputError
 from rankstream.input_files import check_readable
 from rankstream.settings import Settings
 
@@ -30,9 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from consumer import ConsumeOptions, connect_redis, run_consumer, top_with_meta
     from consumer.jsonlog import setup_json_logging
+    from consumer.readers import MAX_TOP_K
     from producer.cli import LogPosition, create_topics, log_events, replay
     from producer.schema import Limits
 
+    if not 1 <= args.k <= MAX_TOP_K:  # before the replay, not after it
+        raise InputError(f"k must be between 1 and {MAX_TOP_K}", where="-k")
     check_readable(args.events)
     create_topics(settings)
     position = LogPosition()
