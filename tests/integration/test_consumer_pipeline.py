@@ -49,6 +49,19 @@ def consume(settings: Settings, **options: Any) -> ConsumerService:
     return service
 
 
+def delete_records_before(settings: Settings, offset: int) -> None:
+    """Partition 0 of the topic loses its records below ``offset``, as retention does."""
+    from kafka import TopicPartition
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap,
+                             **kafka_client_options(settings))
+    try:
+        admin.delete_records({TopicPartition(settings.topic, 0): offset})
+    finally:
+        admin.close()
+
+
 def url_edges(client: redis_py.Redis, settings: Settings) -> tuple[set[tuple[str, str]], set[str]]:
     """(links as URL pairs, live page URLs) as stored in Redis."""
     stored = load_stored(client, Keys(settings.key_prefix), settings.topic)
@@ -325,21 +338,13 @@ def test_events_deleted_before_they_were_read_are_counted_and_do_not_block_catch
     """Retention (here DeleteRecords) moves the log start past the stored offset, or up
     to the end of a partition: the consumer says how many events it lost and still
     counts as caught up, though no record arrives to move its committed offset."""
-    from kafka import TopicPartition
-    from kafka.admin import KafkaAdminClient
-
     settings = one_partition
     pages = [{"type": "page", "url": f"https://gone.example.org/{i}",
               "links": ["https://gone.example.org/"]} for i in range(20)]
     publish(settings, pages[:5])
     consume(settings)
     publish(settings, pages[5:])
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap,
-                             **kafka_client_options(settings))
-    try:
-        admin.delete_records({TopicPartition(settings.topic, 0): 20})
-    finally:
-        admin.close()
+    delete_records_before(settings, 20)
     with caplog.at_level("WARNING", logger="rankstream.consumer.kafka"):
         service = consume(settings, max_seconds=60.0)
     assert service.stop_reason == "caught-up"
@@ -353,9 +358,6 @@ def test_events_deleted_before_they_were_read_are_counted_and_do_not_block_catch
 def test_events_deleted_while_the_consumer_runs_are_counted(one_partition, caplog):
     """kafka-python moves a position that retention deleted under a running consumer
     to the log start by itself, logging it only at INFO: the gap must be a warning."""
-    from kafka import TopicPartition
-    from kafka.admin import KafkaAdminClient
-
     from consumer.kafka_source import KafkaSource
 
     settings = one_partition
@@ -372,12 +374,7 @@ def test_events_deleted_while_the_consumer_runs_are_counted(one_partition, caplo
         assert read == list(range(5))
         time.sleep(0.5)  # the fetch kafka-python sent after that poll comes back empty
         publish(settings, pages[5:])
-        admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap,
-                                 **kafka_client_options(settings))
-        try:
-            admin.delete_records({TopicPartition(settings.topic, 0): 15})
-        finally:
-            admin.close()
+        delete_records_before(settings, 15)
         with caplog.at_level("WARNING", logger="rankstream.consumer.kafka"):
             while len(read) < 10 and time.monotonic() < deadline:
                 read += [r.offset for r in source.poll(100, 200)]
