@@ -36,6 +36,9 @@ def unwritten_within(diffs: np.ndarray, budget: float) -> np.ndarray:
         keep[:] = True
         return keep
     exponent = np.frexp(diffs)[1]
+    # frexp(0) has exponent 0, which would rank a zero above every value below 0.5:
+    # zeros go in the smallest bucket (they cost nothing to leave unwritten).
+    exponent = np.where(diffs > 0.0, exponent, exponent.min())
     bucket = exponent - exponent.min()
     cumulative = np.cumsum(np.bincount(bucket, weights=diffs))
     full = int(np.searchsorted(cumulative, budget, side="right"))  # buckets that fit whole
@@ -150,7 +153,7 @@ def plan_writes(y: np.ndarray, live: np.ndarray, record: ZsetRecord, *, threshol
         # often the scores were republished (and an idle consumer republishes until
         # they are fresh). Write the largest of them until the rest fits. (No budget
         # at all means the engine's own bound is over: writing dust cannot help.)
-        dust_ids = np.flatnonzero(stale & ~candidate)
+        dust_ids = np.flatnonzero(stale & ~candidate & (diff > 0.0))
         write = dust_ids[~unwritten_within(diff[dust_ids], budget)]
         if spare is not None and write.size > spare:
             write = write[np.argpartition(diff[write], write.size - spare)[write.size - spare:]]

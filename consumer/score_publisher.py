@@ -35,7 +35,8 @@ What is written into the back buffer (:func:`consumer.score_plan.plan_writes`):
 every live page missing from it, a ZREM of every member that is no longer live,
 and the members whose value differs from ``y`` by more than ``publish_threshold``,
 largest difference first, until the unwritten rest fits the budget
-``min(budget_fraction * tolerance * total, tolerance * total - engine bound)``,
+``min(budget_fraction * tolerance * total, tolerance * total - engine bound)``
+(smaller differences too, largest first, when they alone exceed it),
 and at most ``max_updates`` per algorithm (setting ``publish_max_updates``); members
 go in ascending score order, and a plan that would write more than a third of a
 large ZSET drops the back buffer and refills it instead, which costs Redis about a

@@ -68,7 +68,8 @@ class Settings(BaseSettings):
     )
     publish_threshold: float = Field(
         1e-7, ge=0.0, allow_inf_nan=False,
-        description="write a page's score only if it moved by more than this"
+        description="write a page's score only if it moved by more than this (smaller "
+        "moves too, largest first, when they alone exceed the publication's error budget)"
     )
     publish_max_updates: int = Field(
         10_000, ge=0,

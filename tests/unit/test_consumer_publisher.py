@@ -72,6 +72,13 @@ def test_dust_over_the_budget_is_written_largest_first_until_the_rest_fits():
     capped = record(y + np.array([4e-8, 1e-8, 3e-8, 2e-8, 5e-7]), [True] * 5)
     plan = plan_writes(y, live, capped, threshold=1e-7, budget=3.5e-8, max_updates=2)
     assert sorted(plan.add_ids.tolist()) == [0, 4]  # the cap leaves one dust write
+    unmoved = np.zeros(5)
+    unmoved[[0, 1]] = [4e-8, 3e-8]  # the rest did not move: never rewritten
+    plan = plan_writes(y, live, record(y + unmoved, [True] * 5), threshold=1e-7,
+                       budget=3.5e-8)
+    assert plan.add_ids.tolist() == [0]
+    assert unwritten_within(np.array([0.0, 1e-10, 1e-10, 5e-10]), 2.5e-10).tolist() == [
+        True, True, True, False]
     full = record(y + np.array([4e-8, 1e-8, 3e-8, 2e-8, 5e-7]), [True] * 5)
     plan = plan_writes(y, live, full, threshold=1e-7, budget=3.5e-8, max_updates=1)
     assert plan.add_ids.tolist() == [4]  # no room left under the cap
