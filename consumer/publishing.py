@@ -25,7 +25,7 @@ import numpy as np
 
 from consumer.lock import ConsumerLock
 from consumer.publication import Publication
-from consumer.score_publisher import ScorePublisher
+from consumer.score_publisher import BACK_TTL_MS, ScorePublisher
 from consumer.stats import ConsumerStats, iso_now
 
 log = logging.getLogger("rankstream.consumer")
@@ -93,6 +93,7 @@ class Publications:
         self.capped = True
         self.lag = 0.0  # relative L1 distance of the last publication from y
         self.count = 0  # publications built so far
+        self._buffers_due = time.monotonic() + BACK_TTL_MS / 3000.0
 
     @property
     def last_seconds(self) -> float:
@@ -103,6 +104,14 @@ class Publications:
     def idle(self) -> bool:
         """No publication started and not yet waited for."""
         return self._in_flight is None
+
+    def renew_buffers(self) -> None:
+        """Renew the back buffers' expiry every third of it while no publication runs
+        (an idle consumer writes nothing into them: :meth:`ScorePublisher.renew_back_buffers`)."""
+        now = time.monotonic()
+        if now >= self._buffers_due and not self._busy():
+            self._buffers_due = now + BACK_TTL_MS / 3000.0
+            self.publisher.renew_back_buffers()
 
     def _busy(self) -> bool:
         return self._in_flight is not None and not self._in_flight.done()

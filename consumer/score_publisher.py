@@ -162,6 +162,15 @@ class ScorePublisher:
         """This consumer's back buffer (internal; readers never read it)."""
         return f"{self.keys.scores(algorithm)}:next:{self.owner}"
 
+    def renew_back_buffers(self) -> None:
+        """Push back the expiry of this consumer's back buffers: only publications wrote
+        them, so 15 idle minutes expired them and the next swap rewrote every page."""
+        with redis_errors("renewing the score back buffers"):
+            pipe = self.client.pipeline(transaction=False)
+            for algorithm in self._back:
+                pipe.pexpire(self.back_key(algorithm), BACK_TTL_MS)
+            pipe.execute()
+
     def reset(self) -> None:
         """Forget what the ZSETs hold (start, rebuild, or a refused swap).
 

@@ -248,6 +248,7 @@ class ConsumerService:
                 self._maybe_publish(force=True)
                 if self.publications.idle:
                     self.refresh_if_stale()
+                self.publications.renew_buffers()
                 if self.lock.lost.is_set():
                     # An idle consumer makes no fenced write that would notice another
                     # one took the lease: continue, rebuild or stop now, as one would.

@@ -134,6 +134,26 @@ def test_publications_show_y_within_the_bound_through_swaps(isolated, client, sc
     assert any(p.unwritten for p in published)
 
 
+def test_an_idle_publisher_keeps_its_back_buffers_from_expiring(isolated, client):
+    """Only publications wrote the back buffers: after 15 idle minutes they expired,
+    and the next publication's member check refused the swap (a full rewrite)."""
+    keys = Keys(isolated.key_prefix)
+    publisher = ScorePublisher(client, keys, damping=0.85, tolerance=1e-4,
+                               publish_threshold=1e-10, owner="idle")
+    rng = np.random.default_rng(4)
+    ranks = FakeRanks(FakeGraph(), {})
+    publisher.reset()
+    for step in range(2):  # the second swap leaves the first ZSET as the back buffer
+        evolve(rng, ranks, step)
+        reports = exact_reports(ranks)
+        assert publisher.send(publisher.prepare(ranks, reports, version=step, offsets={}))
+    for algorithm in ALGORITHMS:
+        client.pexpire(publisher.back_key(algorithm), 1000)  # nearly expired
+    publisher.renew_back_buffers()
+    for algorithm in ALGORITHMS:
+        assert client.pttl(publisher.back_key(algorithm)) > 60_000
+
+
 def test_the_swap_runs_at_most_once(isolated, client):
     keys = Keys(isolated.key_prefix)
     publisher = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6,
