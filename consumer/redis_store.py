@@ -47,7 +47,13 @@ def connect_redis(settings: Settings, *, client_name: str = "rankstream") -> red
         "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
         "socket_connect_timeout": 5.0,
         "socket_keepalive": True,
-        "health_check_interval": 15,
+        # No health checks: redis-py PINGs before a command on a connection idle for
+        # the interval and, if the reply is not PONG, reconnects by itself. Between
+        # the groups of a raw-RESP transaction the next reply is MULTI's +OK, and on
+        # the new connection the rest of the batch ran without WATCH or MULTI (a
+        # review's repro, a fenced batch resumed after a 15 s pause). Dead
+        # connections still fail: keepalive, the socket timeout, then a retry.
+        "health_check_interval": 0,
         "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=3),
         "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
         "client_name": client_name,
