@@ -112,6 +112,9 @@ class ConsumerLock:
         )
         self.value = self.holder.encode()
         self._mutex = threading.Lock()
+        # When the lease was last set or extended (monotonic): fenced() extends it
+        # first when the renewal thread is due, which it cannot do meanwhile.
+        self._renewed_at = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost = threading.Event()
@@ -121,7 +124,7 @@ class ConsumerLock:
         """Take the lease or raise :class:`LockHeld` naming the current holder."""
         try:
             if self.client.set(self.key, self.value, nx=True, px=self.ttl_ms):
-                self.lost.clear()
+                self._taken()
                 return
             current: Any = self.client.get(self.key)
             if current == self.value:
@@ -136,11 +139,11 @@ class ConsumerLock:
                     and self._compare_and_set(current)):
                 log.warning("took over the lease of a dead consumer",
                             extra={"fields": {"dead_pid": holder.pid, "key": self.key}})
-                self.lost.clear()
+                self._taken()
                 return
             if current is None:  # expired between SET and GET: try once more
                 if self.client.set(self.key, self.value, nx=True, px=self.ttl_ms):
-                    self.lost.clear()
+                    self._taken()
                     return
                 latest: Any = self.client.get(self.key)
                 holder = Holder.decode(latest)
@@ -148,6 +151,10 @@ class ConsumerLock:
             raise ServiceUnavailable(f"redis: cannot take the consumer lock: {exc}") from exc
         who = holder.describe() if holder else "another consumer"
         raise LockHeld(f"another consumer holds {self.key} ({who}); refusing to start")
+
+    def _taken(self) -> None:
+        self._renewed_at = time.monotonic()
+        self.lost.clear()
 
     def _compare_and_set(self, expected: bytes) -> bool:
         with self.client.pipeline(transaction=True) as pipe:
@@ -172,7 +179,12 @@ class ConsumerLock:
     # -- renewal ------------------------------------------------------------------
     def renew(self) -> bool:
         """Extend the lease if it is still ours; False (and ``lost`` set) if not."""
-        with self._mutex, self.client.pipeline(transaction=True) as pipe:
+        with self._mutex:
+            return self._renew_locked()
+
+    def _renew_locked(self) -> bool:
+        started = time.monotonic()
+        with self.client.pipeline(transaction=True) as pipe:
             try:
                 pipe.watch(self.key)
                 if pipe.get(self.key) != self.value:
@@ -181,6 +193,7 @@ class ConsumerLock:
                 pipe.multi()
                 pipe.pexpire(self.key, self.ttl_ms)
                 pipe.execute()
+                self._renewed_at = started
                 return True
             except redis.WatchError:
                 # The key changed between WATCH and EXEC: only expiry or a foreign SET
@@ -213,8 +226,15 @@ class ConsumerLock:
     # -- fencing ------------------------------------------------------------------
     @contextlib.contextmanager
     def fenced(self) -> Iterator[None]:
-        """Hold off renewal while the caller runs one WATCH-fenced transaction."""
+        """Hold off renewal while the caller runs one WATCH-fenced transaction.
+
+        The lease is extended first if the renewal thread is due: since Redis 6.0.9 a
+        watched key that expires aborts EXEC, so a long transaction started on the
+        last third of the lease could abort with no rival, again on every retry.
+        """
         with self._mutex:
+            if time.monotonic() - self._renewed_at >= self.ttl_ms / 3000.0:
+                self._renew_locked()  # not ours any more: the fence check says so
             yield
 
     def check_in(self, pipe: Any, *also_watch: str) -> None:

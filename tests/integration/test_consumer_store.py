@@ -105,6 +105,23 @@ def test_lease_of_a_dead_process_is_taken_over(isolated, client):
     successor.release()
 
 
+def test_a_fenced_transaction_first_extends_a_lease_due_for_renewal(isolated, client):
+    """Renewal waits while a fenced transaction holds the mutex, and since Redis 6.0.9
+    a watched key that expires aborts EXEC: a transaction begun on the lease's last
+    third could abort with no rival, and again on every retry."""
+    import time
+
+    keys = Keys(isolated.key_prefix)
+    lock = ConsumerLock(client, keys.lock, ttl_ms=6000)
+    lock.acquire()
+    client.pexpire(keys.lock, 300)  # the renewal thread missed its turn
+    lock._renewed_at = time.monotonic() - 2.5
+    commit_graph(client, keys, GraphWrite(offsets={"t:0": 7}), fence=lock)
+    assert client.hget(keys.offsets, "t:0") == b"7"
+    assert client.pttl(keys.lock) > 5000  # extended before the WATCH
+    lock.release()
+
+
 def test_fenced_transaction_aborts_when_the_lease_changes(isolated, client):
     keys = Keys(isolated.key_prefix)
     lock = ConsumerLock(client, keys.lock, ttl_ms=5000)
