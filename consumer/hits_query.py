@@ -214,8 +214,8 @@ def run_hits(
         timing["solve"] = (time.perf_counter() - solve_started) * 1000.0
         answer = HitsAnswer(
             query=normal,
-            authorities=_top(subgraph.urls, result.authorities, query.k, query.tol),
-            hubs=_top(subgraph.urls, result.hubs, query.k, query.tol),
+            authorities=_top(subgraph.urls, result.authorities, query.k, result.distance),
+            hubs=_top(subgraph.urls, result.hubs, query.k, result.distance),
             root_size=int(subgraph.is_root.sum()),
             base_size=len(subgraph.urls),
             links=int(subgraph.adjacency.nnz),
@@ -256,13 +256,14 @@ def collect_subgraph(
     return subgraph
 
 
-def _top(urls: list[str], scores: np.ndarray, k: int, tol: float) -> list[ScoredPage]:
+def _top(urls: list[str], scores: np.ndarray, k: int, distance: float) -> list[ScoredPage]:
     # Stable sort on URL-ordered entries: equal scores come out in URL order. A score
-    # within the tolerance of 0 is what the iteration left of a page whose limit is 0
-    # (one in a weaker component, 1e-9 after a power iteration, exactly 0 after the
-    # fallback): listing it would depend on which path answered.
+    # within the solver's distance from its limit may be what the iteration left of a
+    # page whose limit is 0 (one in a weaker component: 1e-8 after a power iteration,
+    # exactly 0 after the fallback): listing it would depend on which path answered.
     order = np.argsort(-scores, kind="stable")[:k]
-    return [ScoredPage(urls[i], float(scores[i])) for i in order if scores[i] > tol]
+    return [ScoredPage(urls[i], float(scores[i])) for i in order
+            if scores[i] > distance and scores[i] > 0.0]
 
 
 # --- root set ------------------------------------------------------------------------

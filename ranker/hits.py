@@ -131,11 +131,12 @@ def hits(
                          shape=links.shape)
     links_t = sp.csr_array(links.T.tocsr())
 
-    hubs, authorities, steps, error = _power_iteration(
+    hubs, authorities, steps, error, rate = _power_iteration(
         links, links_t, tol, min(max_iter, _POWER_STEPS), normalize
     )
     if error < tol:
-        return HitsResult(hubs, authorities, steps, error)
+        distance = error * rate / (1.0 - rate) if rate < 1.0 else error
+        return HitsResult(hubs, authorities, steps, error, max(distance, error))
     failure = f"hits did not reach tol={tol:g} in {max_iter} iterations"
     if steps >= max_iter:
         raise ConvergenceError(f"{failure} (last L1 change {error:.3g})",
@@ -159,15 +160,16 @@ def hits(
     if normalize == "sum":
         _normalise(hubs, "sum")
         _normalise(authorities, "sum")
-    return HitsResult(hubs, authorities, iterations, residual)
+    return HitsResult(hubs, authorities, iterations, residual, residual)
 
 
 def _power_iteration(
     links: sp.csr_array, links_t: sp.csr_array, tol: float, limit: int, how: Normalization
-) -> tuple[np.ndarray, np.ndarray, int, float]:
+) -> tuple[np.ndarray, np.ndarray, int, float, float]:
     """Kleinberg's iteration from all ones for at most ``limit`` steps.
 
-    Returns ``(hubs, authorities, steps, last L1 change)``; it stops early when the
+    Returns ``(hubs, authorities, steps, last L1 change, its ratio to the one
+    before)``; it stops early when the
     change is below ``tol`` or when the change's contraction rate says that ``limit``
     steps will not get it there.
     """
@@ -187,17 +189,17 @@ def _power_iteration(
         np.subtract(new_hubs, hubs, out=change)
         error += float(np.abs(change, out=change).sum())
         hubs, authorities = new_hubs, new_authorities
-        if error < tol:
-            return hubs, authorities, step, error
         rate = error / previous
+        if error < tol:
+            return hubs, authorities, step, error, rate
         # The change shrinks by ~lambda_2/lambda_1 per step: with a rate r it needs
         # log(tol/error)/log(r) more steps. Only a confident "too many" switches early.
         if step >= _WARMUP and rate < 1.0:
             steps_needed = math.log(tol / error) / math.log(rate)
             if steps_needed > limit - step:
-                return hubs, authorities, step, error
+                return hubs, authorities, step, error, rate
         previous = error
-    return hubs, authorities, limit, error
+    return hubs, authorities, limit, error, math.inf
 
 
 def _eigen_hits(

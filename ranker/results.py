@@ -52,12 +52,17 @@ class HitsResult:
         error: L1 change of hubs plus authorities in the last power step (what was
             compared against ``tol``) or, after the fallback, the relative
             eigen-residual of hubs plus authorities.
+        distance: how far (L1, hubs plus authorities) the scores may still be from
+            the iteration's limit: ``error * r / (1 - r)`` for the observed rate ``r``
+            of the last step, or the fallback's residual. A score at or below it
+            cannot be told from 0 (a page whose limit is 0 keeps some of it).
     """
 
     hubs: np.ndarray
     authorities: np.ndarray
     iterations: int
     error: float
+    distance: float = 0.0
 
 
 @dataclass
