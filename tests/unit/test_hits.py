@@ -267,3 +267,17 @@ def test_the_scale_of_the_weights_does_not_matter(scale: float) -> None:
     scaled = hits(matrix * scale, tol=1e-10)
     np.testing.assert_allclose(scaled.authorities, expected.authorities, atol=1e-12)
     np.testing.assert_allclose(scaled.hubs, expected.hubs, atol=1e-12)
+
+
+def test_a_fallback_that_would_run_long_stops_at_its_cap_and_says_so() -> None:
+    """Forty eigenvalues within 4e-8 of the top on 6,000 pages: the unrestarted
+    Lanczos needed 937 steps (14.6 s, its reorthogonalisation growing with the square
+    of the steps). It stops at its cap instead, and the error names the cap, not
+    max_iter."""
+    rng = np.random.default_rng(0)
+    pairs = 3000
+    values = np.concatenate([1 - 1e-9 * np.arange(40), rng.random(pairs - 40) * 0.9])
+    rows, cols = np.arange(pairs) * 2 + 1, np.arange(pairs) * 2
+    matrix = sp.csr_array((np.sqrt(values), (rows, cols)), shape=(2 * pairs, 2 * pairs))
+    with pytest.raises(ConvergenceError, match=r"reached its cap of \d+ steps on 6000 pages"):
+        hits(matrix, tol=1e-8, max_iter=10_000)
