@@ -112,16 +112,30 @@ def term_key(prefix: str, term: str) -> str:
     return f"{prefix}term:{term}"
 
 
+def _normal_form(text: str) -> str:
+    """NFKC, case-folded, until that changes nothing more.
+
+    Case folding can undo NFKC ("İ" folds to "i" + a combining dot, which is dropped
+    so that "İstanbul" is found by "istanbul"), and dropping the dot can leave marks
+    NFKC composes ("i" + U+0307 + U+0301 -> "í"): a term must come back unchanged
+    when a query repeats it.
+    """
+    normal = unicodedata.normalize("NFKC", text)
+    for _ in range(8):  # two or three rounds in practice; bounded all the same
+        again = unicodedata.normalize("NFKC", normal.casefold().replace("i\u0307", "i"))
+        if again == normal:
+            break
+        normal = again
+    return normal
+
+
 def tokenize(text: str, *, max_terms: int = MAX_TERMS_PER_TEXT) -> list[str]:
     """Distinct index terms of ``text``, in order of first appearance.
 
     >>> tokenize("The Python Tutorial: the __init__ method, Über-Klasse")
     ['python', 'tutorial', 'init', 'method', 'über', 'klasse']
     """
-    # Case folding can undo NFKC ("İ" folds to "i" + a combining dot), so normalise
-    # again; the dot is dropped, so that "İstanbul" is found by "istanbul".
-    folded = unicodedata.normalize("NFKC", text).casefold()
-    normal = unicodedata.normalize("NFKC", folded).replace("i\u0307", "i")
+    normal = _normal_form(text)
     seen: dict[str, None] = {}
     for word in _WORD_RE.findall(normal):
         if len(word) > MAX_TERM_CHARS or word in STOP_WORDS or word in seen:

@@ -159,15 +159,18 @@ class Settings(BaseSettings):
             raise ValueError("must be redis://host:port/db, rediss://... or unix:///path")
         if url.scheme == "unix":
             return value
+        # No part of the URL is quoted back: a password holding '/', '#' or '?' ends
+        # up in what urlsplit calls the port or the path.
+        advice = "(percent-encode '/', '#', '?' and '@' in the password)"
         try:
             url.port  # noqa: B018 (urlsplit checks the port only when asked for it)
-        except ValueError as exc:
-            raise ValueError(f"bad port: {exc}") from exc  # the netloc may hold a password
+        except ValueError:
+            raise ValueError(f"bad port {advice}") from None
         if not url.hostname:
             raise ValueError("no host (redis://host:port/db)")
         db = url.path.strip("/")
         if db and not db.isdigit():
-            raise ValueError(f"the database must be a number, got {db!r}")
+            raise ValueError(f"the database must be a number {advice}")
         return value
 
     @field_validator("kafka_bootstrap")

@@ -185,9 +185,11 @@ def test_bad_input_is_one_line_exit_2(
         ("KAFKA_SECURITY_PROTOCOL", "bogus", "'SASL_SSL'"),
         ("KAFKA_SASL_MECHANISM", "BOGUS", "'SCRAM-SHA-512'"),
         # redis-py found these only when connecting, or read "/x" as database 0.
-        ("REDIS_URL", "redis://:secret@127.0.0.1:abc/0", "bad port: Port could not be cast"),
-        ("REDIS_URL", "redis://127.0.0.1:70000/0", "bad port: Port out of range"),
-        ("REDIS_URL", "redis://127.0.0.1:6379/x", "the database must be a number, got 'x'"),
+        ("REDIS_URL", "redis://:secret@127.0.0.1:abc/0", "bad port (percent-encode"),
+        ("REDIS_URL", "redis://127.0.0.1:70000/0", "bad port"),
+        ("REDIS_URL", "redis://127.0.0.1:6379/x", "the database must be a number"),
+        ("REDIS_URL", "redis://:s3cr/secret@localhost:6379/0", "bad port"),
+        ("REDIS_URL", "redis://:se#cret@localhost:6379/0", "bad port"),
         ("REDIS_URL", "http://127.0.0.1:6379/0", "must be redis://host:port/db"),
     ],
 )

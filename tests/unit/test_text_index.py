@@ -56,6 +56,14 @@ def test_tokenize_keeps_combining_marks_inside_words() -> None:
     assert tokenize("\u0301abc") == ["abc"]  # a mark does not start a word
 
 
+@given(st.text())
+def test_a_term_tokenizes_to_itself(text: str) -> None:
+    """A query that repeats a term must find it: 'İ' + a combining acute gave a term
+    that normalised again into another."""
+    for term in tokenize(text):
+        assert tokenize(term) == [term]
+
+
 def test_the_mark_class_covers_every_combining_mark() -> None:
     import sys
     import unicodedata
