@@ -141,8 +141,9 @@ def base_subgraph(
         candidates.update(linkers.tolist())
     if len(candidates) > MAX_CANDIDATES:
         raise InputError(f"the base set would look up {len(candidates):,} pages, more than "
-                         f"{MAX_CANDIDATES:,}: ask for fewer root pages (root_size) or "
-                         "in-links (max_in)")
+                         f"{MAX_CANDIDATES:,}: ask for fewer root pages (root_size), or for "
+                         f"no in-linkers (max_in=0: each root with more in-links than max_in "
+                         f"brings up to {MAX_IN_CANDIDATES:,} candidates)")
     _fetch_urls(redis, prefix, candidates, urls)
     if contested:
         base.update(_best_linkers(redis, prefix, contested, urls, max_in))

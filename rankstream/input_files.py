@@ -95,7 +95,8 @@ def numbered_lines(
     without a UTF-8 byte order mark at the start of the file, which would otherwise
     become part of the first key or break the first event's JSON).
 
-    With ``max_line_bytes``, a longer line raises :class:`InputError` naming
+    With ``max_line_bytes``, a longer line (whitespace counts) raises
+    :class:`InputError` naming
     ``path:line`` after reading at most that many bytes of it: a log that is one
     endless line (a binary file, a missing newline) must not be read whole into memory
     before its size is checked. A read error (a truncated or corrupt gzip stream, an
@@ -106,18 +107,22 @@ def numbered_lines(
     with open_input(name) as stream:
         line_no = 0
         if max_line_bytes is None:
+            limit = 0
             lines: Iterator[bytes] = iter(stream)
         else:
-            # Room for the longest allowed line, a byte order mark and "\r\n": a
-            # longer line comes back cut short, and is too long even once stripped.
+            # Room for the longest allowed line, a byte order mark and "\r\n".
             limit = max_line_bytes + len(UTF8_BOM) + 2
             lines = iter(lambda: stream.readline(limit), b"")
         try:
             for line_no, line in enumerate(lines, start=1):
+                # A read that filled its room without reaching the newline is the
+                # start of a longer line, even if stripping its "\r"s made it fit
+                # (the rest would have come back as a line of its own).
+                cut_short = len(line) == limit and not line.endswith(b"\n")
                 if line_no == 1 and line.startswith(UTF8_BOM):
                     line = line[len(UTF8_BOM):]
                 text = line.rstrip(b"\r\n")
-                if max_line_bytes is not None and len(text) > max_line_bytes:
+                if max_line_bytes is not None and (cut_short or len(text) > max_line_bytes):
                     raise InputError(f"line longer than {max_line_bytes} bytes",
                                      where=f"{name}:{line_no}")
                 yield line_no, text

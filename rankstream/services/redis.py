@@ -238,8 +238,8 @@ def _quiet(_: str) -> None:
 
 def wait_for_redis(probe: Callable[[], PingState], *, timeout: float,
                    log: Log = _quiet, gone: Callable[[], bool] = lambda: False) -> PingState:
-    """Poll ``probe`` until it says "ready", or ``gone()`` says the server has died;
-    return the last state it gave.
+    """Poll ``probe`` until it says "ready" or "denied", or ``gone()`` says the server
+    has died; return the last state it gave.
 
     A server that answered LOADING at any point gets :data:`LOADING_TIMEOUT`
     instead (and then counts as "loading" even if a probe timed out meanwhile):
@@ -250,7 +250,7 @@ def wait_for_redis(probe: Callable[[], PingState], *, timeout: float,
     loading = False
     while True:
         state = probe()
-        if state == "ready" or gone():
+        if state in ("ready", "denied") or gone():  # waiting cannot change a refusal
             return state
         if state == "loading" and not loading:
             loading = True

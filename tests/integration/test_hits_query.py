@@ -172,7 +172,9 @@ def test_a_base_set_past_the_cap_is_refused_not_cut_short(
 ) -> None:
     _star(graph)  # r.org, its 2 out-links and 10 in-linkers
     monkeypatch.setattr(hits_base, "MAX_CANDIDATES", 12)
-    with pytest.raises(InputError, match="would look up 13 pages, more than 12: ask for fewer"):
+    with pytest.raises(InputError, match=r"would look up 13 pages, more than 12: ask for "
+                                         r"fewer root pages \(root_size\), or for no "
+                                         r"in-linkers \(max_in=0"):
         base_urls(graph, HitsQuery(seeds=("https://r.org/",), max_in=2))
     # With max_in=0 the in-linkers are not candidates at all.
     assert len(base_urls(graph, HitsQuery(seeds=("https://r.org/",), max_in=0))) == 3

@@ -65,6 +65,10 @@ def test_a_line_past_the_limit_is_refused_by_line_number_without_reading_it_whol
     assert [next(lines)[1], next(lines)[1]] == [fits, fits]
     with pytest.raises(InputError, match=rf"{path}:3: line longer than {limit} bytes"):
         next(lines)
+    # Carriage returns past the room: too long, not a line that fits plus a blank one.
+    path.write_bytes(fits + b"\r" * 10 + b"\n" + fits + b"\n")
+    with pytest.raises(InputError, match=rf"{path}:1: line longer than {limit} bytes"):
+        list(numbered_lines(path, max_line_bytes=limit))
 
 
 def test_check_readable_words_errors_as_the_reader_does_and_leaves_pipes_alone(
