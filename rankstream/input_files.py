@@ -98,9 +98,9 @@ def numbered_lines(
     With ``max_line_bytes``, a longer line (whitespace counts) raises
     :class:`InputError` naming ``path:line`` after reading at most that many bytes of
     it: a log that is one endless line (a binary file, a missing newline) must not be
-    read whole into memory before its size is checked. A read error (a truncated or corrupt gzip stream, an
-    I/O error) raises :class:`InputError` naming ``path:line`` of the line that could
-    not be read.
+    read whole into memory before its size is checked. A read error (a truncated or
+    corrupt gzip stream, an I/O error) raises :class:`InputError` naming ``path:line``
+    of the line that could not be read.
     """
     name = os.fspath(path)
     with open_input(name) as stream:
