@@ -80,15 +80,27 @@ def command_line(pid: int) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace")
 
 
-def live_pid(pid_file: Path, marker: str, *, cwd: Path | None = None) -> int | None:
+def live_pid(pid_file: Path, marker: str, *, cwd: Path | None = None,
+             whole_argument: bool = False) -> int | None:
     """The pid in ``pid_file`` if that process is alive and is what we started.
 
-    ``marker`` must occur in its command line, and where given the process must run
-    in ``cwd``: after a reboot the kernel may have given a stale pid file's number to
-    an unrelated process, which ``down`` would otherwise stop.
+    ``marker`` must occur in its command line (be one of its arguments, with
+    ``whole_argument``: a path is not matched by a longer one ending with it), and
+    where given the process must run in ``cwd``: after a reboot the kernel may have
+    given a stale pid file's number to an unrelated process, which ``down`` would
+    otherwise stop.
     """
     pid = read_pid(pid_file)
-    if pid is None or not process_alive(pid) or marker not in command_line(pid):
+    if pid is None or not process_alive(pid):
+        return None
+    if whole_argument:
+        try:
+            found = marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            found = False
+    else:
+        found = marker in command_line(pid)
+    if not found:
         return None
     if cwd is not None:
         try:

@@ -331,7 +331,7 @@ def kafka_listen_address(broker: KafkaBroker) -> str | None:
 
 def kafka_pid(broker: KafkaBroker) -> int | None:
     """Pid of the broker we started, if it is running (its command line names our config)."""
-    return _proc.live_pid(broker.pid_file, str(broker.properties_file))
+    return _proc.live_pid(broker.pid_file, str(broker.properties_file), whole_argument=True)
 
 
 def broker_log_tail(broker: KafkaBroker, lines: int = 30) -> str:
