@@ -123,13 +123,16 @@ def write_snapshot(path: Path, identity: Identity, stored: StoredState,
 
 
 def _prune(kept: Path) -> None:
-    cutoff = time.time() - KEEP_DAYS * 86400.0
-    for old in kept.parent.glob("*.npz"):
-        try:
-            if old != kept and old.stat().st_mtime < cutoff:
-                old.unlink()
-        except OSError:
-            continue  # another consumer's file, gone or busy: not ours to insist on
+    # Temporary files are left only by a writer killed mid-write (one can be 100 MB);
+    # one still being written is seconds old.
+    now = time.time()
+    for pattern, age in (("*.npz", KEEP_DAYS * 86400.0), ("*.npz.*.tmp", 3600.0)):
+        for old in kept.parent.glob(pattern):
+            try:
+                if old != kept and old.stat().st_mtime < now - age:
+                    old.unlink()
+            except OSError:
+                continue  # another consumer's file, gone or busy: not ours to insist on
 
 
 def read_snapshot(path: Path, identity: Identity, topic: str
@@ -153,7 +156,8 @@ def read_snapshot(path: Path, identity: Identity, topic: str
             published = {name.removeprefix("published_"): data[name]
                          for name in data.files if name.startswith("published_")}
             removed, edge_src, edge_dst = data["removed"], data["edge_src"], data["edge_dst"]
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, KeyError, IndexError, TypeError, EOFError,
+            zipfile.BadZipFile) as exc:  # a file we did not write whole: Redis decides
         _unused(path, f"unreadable: {exc}")
         return None
     counters = GraphCounters.from_redis({k.encode(): v.encode()

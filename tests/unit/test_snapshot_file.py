@@ -50,6 +50,23 @@ def test_any_other_identity_or_a_damaged_file_is_not_used(tmp_path):
     assert read_snapshot(path, _identity(), "t") is None
 
 
+def test_a_file_with_odd_arrays_is_not_used_and_old_temporaries_go(tmp_path):
+    import os
+    import time
+
+    path = tmp_path / "s.npz"
+    np.savez(path, format=np.array([], dtype=np.int64))  # an empty format array
+    assert read_snapshot(path, _identity(), "t") is None  # not an IndexError at start
+    left = tmp_path / "s.npz.4242.tmp"  # a writer killed mid-write
+    left.write_bytes(b"x" * 10)
+    recent = tmp_path / "t.npz.4243.tmp"  # one being written now
+    recent.write_bytes(b"x")
+    hour_ago = time.time() - 3700
+    os.utime(left, (hour_ago, hour_ago))
+    write_snapshot(path, _identity(), _state(), {"pagerank": np.ones(3), "wpr": np.ones(3)})
+    assert not left.exists() and recent.exists()
+
+
 def test_one_file_per_redis_prefix_and_topic_and_none_when_disabled(tmp_path):
     base = Settings(snapshot_dir=tmp_path)
     paths = {snapshot_path(base.model_copy(update=change)) for change in (
