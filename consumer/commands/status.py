@@ -27,9 +27,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     out = sys.stdout.write
     consumer = info["consumer"]
     lock = info["lock"]
+    state = consumer.get("state", "-")
     running = (f"running (pid {lock.get('pid')} on {lock.get('host')})" if lock
                else "not running")
-    out(f"consumer   {running}; state {consumer.get('state', '-')}, "
+    if not lock and state in ("running", "waiting"):
+        # Its last word, not its state: it stopped without a clean exit, and its lease
+        # has expired (until then, up to RANKSTREAM's lease TTL, it still shows running).
+        state = f"{state} when it last wrote (killed or crashed?)"
+    out(f"consumer   {running}; state {state}, "
         f"heartbeat {consumer.get('heartbeat_at', '-')}\n")
     out(f"throughput {consumer.get('events_per_s', '0')} events/s, "
         f"{consumer.get('link_changes_per_s', '0')} link changes/s; "

@@ -284,6 +284,12 @@ def test_readers_and_cli_commands(isolated, capsys):
     status = json.loads(capsys.readouterr().out)
     assert status["graph"]["pages"] == 6 and status["consumer"]["state"] == "stopped"
     assert status["running"] is False and np.isfinite(status["algorithms"]["wpr"]["bound"])
+    # A consumer killed while running leaves its last state: said as such, once its
+    # lease is gone.
+    client.hset(Keys(settings.key_prefix).status, "state", "running")
+    assert status_cmd.run(argparse.Namespace(json=False), settings) == 0
+    assert ("not running; state running when it last wrote (killed or crashed?)"
+            in capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("dlq_limit", [None, 4096], ids=["our-topic", "small-dlq-topic"])
