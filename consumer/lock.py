@@ -14,8 +14,9 @@ and double-apply events, so exactly one may run. The guard is a Redis lease:
   written. :meth:`ConsumerLock.fenced` serialises renewal with those
   transactions, because our own PEXPIRE would otherwise abort our own EXEC.
 * A holder that died by SIGKILL leaves its lease until the TTL expires; a new
-  consumer on the same host whose recorded pid no longer exists takes the lease
-  over at once instead of waiting.
+  consumer on the same host, boot and pid namespace (both recorded with the pid:
+  a container on the host network shares the host's name, not its pids) whose
+  recorded pid no longer exists takes the lease over at once instead of waiting.
 * A clean exit deletes the lease (compare-and-delete).
 """
 
@@ -32,6 +33,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -59,10 +61,15 @@ class Holder:
     pid: int
     since: str
     token: str
+    # Where the pid means something: this boot of the machine, and this pid namespace
+    # (a container on the host network has the host's name but its own pids).
+    boot: str = ""
+    pidns: str = ""
 
     def encode(self) -> bytes:
         return json.dumps(
-            {"host": self.host, "pid": self.pid, "since": self.since, "token": self.token},
+            {"host": self.host, "pid": self.pid, "since": self.since, "token": self.token,
+             "boot": self.boot, "pidns": self.pidns},
             separators=(",", ":"),
         ).encode()
 
@@ -74,12 +81,28 @@ class Holder:
         try:
             data = json.loads(raw)
             return cls(str(data["host"]), int(data["pid"]), str(data["since"]),
-                       str(data["token"]))
+                       str(data["token"]), str(data.get("boot", "")),
+                       str(data.get("pidns", "")))
         except (ValueError, KeyError, TypeError):
             return cls("?", -1, "?", raw.decode("utf-8", "replace"))
 
     def describe(self) -> str:
         return f"pid {self.pid} on host {self.host} since {self.since}"
+
+    def same_pid_space(self, other: Holder) -> bool:
+        """Whether ``other``'s pid can be looked up here: same host, boot, namespace."""
+        return (self.host == other.host and bool(self.boot) and self.boot == other.boot
+                and bool(self.pidns) and self.pidns == other.pidns)
+
+
+def _pid_space() -> tuple[str, str]:
+    """This machine's boot id and this process's pid namespace ("" where unknown)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "", ""
+    return boot, pidns
 
 
 def _pid_alive(pid: int) -> bool:
@@ -104,11 +127,14 @@ class ConsumerLock:
         self.client = client
         self.key = key
         self.ttl_ms = ttl_ms
+        boot, pidns = _pid_space()
         self.holder = Holder(
             host=host or socket.gethostname(),
             pid=os.getpid() if pid is None else pid,
             since=datetime.now(UTC).isoformat(timespec="seconds"),
             token=uuid.uuid4().hex,
+            boot=boot,
+            pidns=pidns,
         )
         self.value = self.holder.encode()
         self._mutex = threading.Lock()
@@ -135,7 +161,7 @@ class ConsumerLock:
                 return
             holder = Holder.decode(current)
             if (current is not None and holder is not None
-                    and holder.host == self.holder.host and not _pid_alive(holder.pid)
+                    and self.holder.same_pid_space(holder) and not _pid_alive(holder.pid)
                     and self._compare_and_set(current)):
                 log.warning("took over the lease of a dead consumer",
                             extra={"fields": {"dead_pid": holder.pid, "key": self.key}})

@@ -122,6 +122,21 @@ def test_a_fenced_transaction_first_extends_a_lease_due_for_renewal(isolated, cl
     lock.release()
 
 
+def test_a_holder_in_another_pid_namespace_is_not_taken_for_dead(isolated, client):
+    """Same host name, pid not found here: in another container on the host network it
+    may well be alive. Taking over evicted a live consumer; now it waits for the TTL."""
+    import dataclasses
+
+    key = Keys(isolated.key_prefix).lock
+    elsewhere = ConsumerLock(client, key, ttl_ms=60_000, pid=2**22 + 12345)
+    elsewhere.holder = dataclasses.replace(elsewhere.holder, pidns="pid:[4026531999]")
+    elsewhere.value = elsewhere.holder.encode()
+    elsewhere.acquire()
+    with pytest.raises(LockHeld):
+        ConsumerLock(client, key, ttl_ms=60_000).acquire()
+    elsewhere.release()
+
+
 def test_fenced_transaction_aborts_when_the_lease_changes(isolated, client):
     keys = Keys(isolated.key_prefix)
     lock = ConsumerLock(client, keys.lock, ttl_ms=5000)
