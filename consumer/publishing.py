@@ -193,6 +193,10 @@ class Publications:
             self.wait()
             if not self.pending:
                 return
+        # Not silently: the scores in Redis are then older than the graph.
+        log.error("publication not completed: its swap was refused three times (score "
+                  "keys keep changing behind us)",
+                  extra={"fields": {"algorithms": sorted(self.pending)}})
 
     def publish_now(self, mirror: Any, reports: dict[str, Any]) -> None:
         """Publish ``reports`` (and anything pending) now, synchronously."""
