@@ -72,12 +72,17 @@ def process_alive(pid: int) -> bool:
     return state not in (["Z"], ["X"]) or threads > 1
 
 
-def command_line(pid: int) -> str:
+def command_args(pid: int) -> list[str]:
+    """The arguments ``pid`` was started with (none if it is gone or not readable)."""
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace")
+        return []
+    return raw.rstrip(b"\0").decode(errors="replace").split("\0") if raw else []
+
+
+def command_line(pid: int) -> str:
+    return " ".join(command_args(pid))
 
 
 def live_pid(pid_file: Path, marker: str, *, cwd: Path | None = None,
@@ -93,14 +98,8 @@ def live_pid(pid_file: Path, marker: str, *, cwd: Path | None = None,
     pid = read_pid(pid_file)
     if pid is None or not process_alive(pid):
         return None
-    if whole_argument:
-        try:
-            found = marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            found = False
-    else:
-        found = marker in command_line(pid)
-    if not found:
+    args = command_args(pid)
+    if marker not in (args if whole_argument else " ".join(args)):
         return None
     if cwd is not None:
         try:
