@@ -487,12 +487,8 @@ class ConsumerService:
         if self.source is not None and mirror is not None:
             self.stats.lag = lag_by_partition(self.source.highwaters(),
                                               self.source.positions(mirror.offsets))
-        counters = mirror.counters if mirror is not None else None
-        return self.stats.status_fields(
-            topic=self.settings.topic,
-            version=counters.version if counters else 0,
-            stale_ignored=counters.stale_ignored if counters else 0,
-            dlq_total=counters.dlq if counters else 0)
+        return self.stats.status_fields(topic=self.settings.topic,
+                                        counters=mirror.counters if mirror else None)
 
 
 def run_consumer(settings: Settings, options: ConsumeOptions | None = None, *,

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from consumer.graph_write import GraphCounters
+
 
 def iso_now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
@@ -116,9 +118,9 @@ class ConsumerStats:
         self.events_meter.add(messages, now)
         self.links_meter.add(link_changes, now)
 
-    def status_fields(self, *, topic: str, version: int, stale_ignored: int,
-                      dlq_total: int) -> dict[str, str]:
-        """The ``P status`` hash (all strings)."""
+    def status_fields(self, *, topic: str, counters: GraphCounters | None) -> dict[str, str]:
+        """The ``P status`` hash (all strings); no counters before the graph is loaded."""
+        counters = counters or GraphCounters()
         total_lag = sum(self.lag.values())
         return {
             "state": self.state,
@@ -134,9 +136,9 @@ class ConsumerStats:
             "last_batch_seconds": f"{self.last_batch_seconds:.4f}",
             "lag": json.dumps({str(p): v for p, v in sorted(self.lag.items())}),
             "lag_total": str(total_lag),
-            "dlq": str(dlq_total),
-            "stale_ignored": str(stale_ignored),
-            "version": str(version),
+            "dlq": str(counters.dlq),
+            "stale_ignored": str(counters.stale_ignored),
+            "version": str(counters.version),
             "retries": str(self.retries),
             "last_refresh_at": self.last_refresh_at,
             "last_refresh_seconds": f"{self.last_refresh_seconds:.4f}",

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from consumer.dead_letters import DeadLetter, dead_letter_headers
+from consumer.graph_write import GraphCounters
 from consumer.jsonlog import JsonFormatter, safe_address
 from consumer.kafka_source import Record
 from consumer.lock import Holder
@@ -105,8 +106,11 @@ def test_lag_and_rates():
     assert meter.rate(now=100.0) == 0.0
     stats = ConsumerStats()
     stats.record_batch(10, 100, 0.01)
-    fields = stats.status_fields(topic="t", version=1, stale_ignored=2, dlq_total=3)
+    counters = GraphCounters(version=1, stale_ignored=2, dlq=3)
+    fields = stats.status_fields(topic="t", counters=counters)
     assert fields["events"] == "10" and fields["dlq"] == "3" and json.loads(fields["lag"]) == {}
+    assert fields["version"] == "1" and fields["stale_ignored"] == "2"
+    assert stats.status_fields(topic="t", counters=None)["version"] == "0"
 
 
 def test_decode_records_keeps_order_dead_letters_the_bad_and_tracks_next_offsets():
