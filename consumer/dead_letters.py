@@ -18,7 +18,10 @@ such message would stop the consumer for good: the batch could never commit.
 
 Delivery is confirmed (flush + every future checked) before the batch's offsets
 are committed to Redis, so a crash can only re-send a dead letter (at-least-once
-on the DLQ), never lose one. Readers can de-duplicate on partition+offset.
+on the DLQ), never lose one. Readers can de-duplicate on partition+offset. A retry
+after a partial failure sends only the letters not yet confirmed: re-sending the
+whole batch added a copy of every good letter per retry while one DLQ partition
+was down.
 """
 
 from __future__ import annotations
@@ -65,6 +68,10 @@ def dead_letter_headers(letter: DeadLetter, source_topic: str) -> list[tuple[str
     ]
 
 
+def _where(letter: DeadLetter) -> tuple[int, int]:
+    return letter.record.partition, letter.record.offset
+
+
 class DeadLetterSender:
     """A confirmed-delivery producer for the dead-letter topic."""
 
@@ -76,6 +83,8 @@ class DeadLetterSender:
         # An oversized event (the reason it is here) must still fit a DLQ message.
         max_request = 2 * settings.max_message_bytes + TOPIC_SLACK
         self.max_value_bytes = max_request - HEADER_ALLOWANCE
+        # (partition, offset) of letters confirmed while a send is being retried.
+        self._delivered: set[tuple[int, int]] = set()
         with kafka_errors("connecting the dead-letter producer"):
             self._producer = KafkaProducer(
                 client_id="rankstream-consumer-dlq",
@@ -88,13 +97,16 @@ class DeadLetterSender:
 
     def send(self, letters: Sequence[DeadLetter]) -> None:
         """Send and confirm every letter; raise ServiceUnavailable if any failed."""
-        if not letters:
+        pending = [letter for letter in letters if _where(letter) not in self._delivered]
+        if not pending:
+            self._delivered.clear()
             return
         from kafka.errors import MessageSizeTooLargeError
 
-        too_large = self._confirm(letters, self._send_one, MessageSizeTooLargeError)
+        too_large = self._confirm(pending, self._send_one, MessageSizeTooLargeError)
         self._confirm(too_large, self._send_stub, None)
-        log.info("dead letters sent", extra={"fields": {"count": len(letters),
+        self._delivered.clear()
+        log.info("dead letters sent", extra={"fields": {"count": len(pending),
                                                          "stubs": len(too_large),
                                                          "topic": self.topic}})
 
@@ -110,16 +122,21 @@ class DeadLetterSender:
             futures = [(letter, send(letter)) for letter in letters]
             self._producer.flush(timeout=FLUSH_TIMEOUT_S)
         refused: list[DeadLetter] = []
-        for letter, future in futures:
+        failed: tuple[DeadLetter, KafkaError] | None = None
+        for letter, future in futures:  # every future: the delivered ones are not resent
             try:
                 future.get(timeout=0)
+                self._delivered.add(_where(letter))
             except KafkaError as exc:
                 if tolerated is not None and isinstance(exc, tolerated):
                     refused.append(letter)
-                    continue
-                raise ServiceUnavailable(
-                    f"dead letter for {self.source_topic}:{letter.record.partition}@"
-                    f"{letter.record.offset} not delivered: {exc!r}") from exc
+                elif failed is None:
+                    failed = (letter, exc)
+        if failed is not None:
+            where, error = failed
+            raise ServiceUnavailable(
+                f"dead letter for {self.source_topic}:{where.record.partition}@"
+                f"{where.record.offset} not delivered: {error!r}") from error
         return refused
 
     def _send_one(self, letter: DeadLetter) -> Any:
@@ -131,14 +148,14 @@ class DeadLetterSender:
         room = self.max_value_bytes - len(key or b"") - sum(
             len(name) + len(value) for name, value in headers)
         value = letter.record.value
-        if len(value) > room:
+        if value is not None and len(value) > room:
             headers.append(("truncated", str(len(value)).encode()))
             value = value[:max(room - 64, 0)]  # the header just added
         return self._producer.send(self.topic, value=value, key=key, headers=headers)
 
     def _send_stub(self, letter: DeadLetter) -> Any:
         headers = dead_letter_headers(letter, self.source_topic)
-        headers.append(("truncated", str(len(letter.record.value)).encode()))
+        headers.append(("truncated", str(len(letter.record.value or b"")).encode()))
         key = letter.record.key
         if key is not None and len(key) > STUB_KEY_BYTES:
             headers.append(("key_truncated", str(len(key)).encode()))

@@ -89,7 +89,7 @@ class Record:
     partition: int
     offset: int
     key: bytes | None
-    value: bytes
+    value: bytes | None  # None: a tombstone (dead-lettered as such)
     timestamp_ms: int
 
 
@@ -216,8 +216,7 @@ class KafkaSource:
                     "lost": messages[0].offset - expected}})
             self._expected[tp.partition] = messages[-1].offset + 1
             records.extend(
-                Record(tp.partition, m.offset, m.key, m.value if m.value is not None else b"",
-                       m.timestamp)
+                Record(tp.partition, m.offset, m.key, m.value, m.timestamp)
                 for m in messages
             )
         return records

@@ -67,6 +67,12 @@ def decode_records(records: list[Record], limits: Any) -> Fetched:
             events.append(decode_event(record.value, limits))
         except InputError as exc:
             letters.append(DeadLetter(record, str(exc)))
+        except Exception as exc:  # a decoder bug must not stall the partition
+            # Re-raising would fail the same record again on every restart. The record
+            # goes to the dead-letter topic with the bug named, and the log has the trace.
+            log.exception("event decoder failed", extra={"fields": {
+                "partition": record.partition, "offset": record.offset}})
+            letters.append(DeadLetter(record, f"internal error: {type(exc).__name__}: {exc}"[:500]))
         if record.offset + 1 > next_offsets.get(record.partition, -1):
             next_offsets[record.partition] = record.offset + 1
     return Fetched(records, events, letters, next_offsets)

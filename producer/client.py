@@ -162,8 +162,9 @@ class LinkPublisher:
                              f"{self.limits.max_message_bytes} bytes")
         self.publish_raw(value, event_key(event))
 
-    def publish_raw(self, value: bytes, key: bytes | None = None) -> None:
-        """Bytes as they are, unvalidated: for replaying logs and injecting bad input."""
+    def publish_raw(self, value: bytes | None, key: bytes | None = None) -> None:
+        """Bytes as they are, unvalidated: for replaying logs and injecting bad input
+        (``None``: a tombstone)."""
         from kafka.errors import KafkaError
 
         self._raise_failures(unsent=True)

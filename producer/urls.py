@@ -62,6 +62,10 @@ _SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _WHITESPACE_RE = re.compile(r"\s")
 _CACHE_SIZE = 1 << 17
+# The cache counts entries, not bytes: 131k URLs of 8k characters (each kept twice,
+# up to 4 bytes a character) would pin gigabytes, and rejected events fill it too.
+# Longer URLs are rare and canonicalised each time.
+_CACHE_MAX_URL = 256
 
 
 class UrlError(ValueError):
@@ -119,6 +123,8 @@ def already_canonical_lines_matcher(schemes: frozenset[str]) -> Callable[[str], 
 def _canonicalize_cached(url: str) -> str:
     if _ALREADY_CANONICAL(url) is not None:
         return url
+    if len(url) > _CACHE_MAX_URL:
+        return _canonicalize(url)
     return _canonicalize_slow(url)
 
 

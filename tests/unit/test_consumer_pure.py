@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from consumer.dead_letters import DeadLetter, dead_letter_headers
+from consumer.dead_letters import DeadLetter, DeadLetterSender, dead_letter_headers
 from consumer.graph_write import GraphCounters
 from consumer.jsonlog import JsonFormatter, safe_address
 from consumer.kafka_source import Record
@@ -124,6 +124,60 @@ def test_decode_records_keeps_order_dead_letters_the_bad_and_tracks_next_offsets
         (3, "malformed JSON"), (4, "not UTF-8")]
     assert batch.next_offsets == {0: 9, 1: 5}
     assert batch.records is records
+
+
+def test_a_decoder_bug_dead_letters_the_record_instead_of_stalling_the_partition(monkeypatch):
+    import producer.schema
+
+    def broken(value, limits):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(producer.schema, "decode_event", broken)
+    batch = decode_records([Record(0, 7, b"k", b"{}", 0)], DEFAULT_LIMITS)
+    assert batch.events == [] and batch.next_offsets == {0: 8}
+    assert [d.reason for d in batch.letters] == ["internal error: KeyError: 'a bug'"]
+
+
+def test_a_retried_dead_letter_send_sends_only_the_letters_not_yet_confirmed():
+    from kafka.errors import NotLeaderForPartitionError
+
+    class Delivery:
+        def __init__(self, error):
+            self.error = error
+
+        def get(self, timeout=None):
+            if self.error is not None:
+                raise self.error
+
+    class OnePartitionDown:
+        """Stands in for KafkaProducer.send/flush: the letter at offset 1 fails twice."""
+
+        def __init__(self):
+            self.sent: list[int] = []
+            self.failures = 2
+
+        def send(self, topic, value, key, headers):
+            offset = int(dict(headers)["source_offset"])
+            self.sent.append(offset)
+            failing = offset == 1 and self.failures > 0
+            self.failures -= failing
+            return Delivery(NotLeaderForPartitionError() if failing else None)
+
+        def flush(self, timeout=None):
+            pass
+
+    sender = DeadLetterSender.__new__(DeadLetterSender)
+    sender.topic, sender.source_topic, sender.max_value_bytes = "dlq", "events", 1 << 20
+    sender._delivered = set()
+    sender._producer = producer = OnePartitionDown()
+    letters = [DeadLetter(Record(0, offset, b"k", b"x", 0), "bad") for offset in range(3)]
+    for _ in range(2):
+        with pytest.raises(ServiceUnavailable):
+            sender.send(letters)
+    sender.send(letters)
+    assert producer.sent == [0, 1, 2, 1, 1]
+    sender.send(letters)  # a new batch (same letters here) is sent whole again
+    assert producer.sent == [0, 1, 2, 1, 1, 0, 1, 2]
 
 
 def test_backoff_doubles_with_jitter_up_to_its_cap():

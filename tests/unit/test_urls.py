@@ -131,3 +131,15 @@ def test_idempotent_and_fast_path_agrees_with_parser(url: str) -> None:
     matcher = already_canonical_lines_matcher(frozenset({"http", "https", "file"}))
     if matcher(url) is not None:
         assert slow == url  # the one-regex shortcut only vouches for canonical URLs
+
+
+def test_only_short_urls_are_cached_because_the_cache_counts_entries_not_bytes() -> None:
+    from producer.urls import _canonicalize_slow
+
+    long_url = "HTTP://Example.org/" + "x" * 300
+    short_url = "HTTP://Example.org/short-and-not-canonical"
+    before = _canonicalize_slow.cache_info().currsize
+    assert _canonicalize_cached(long_url) == "http://example.org/" + "x" * 300
+    assert _canonicalize_slow.cache_info().currsize == before
+    assert _canonicalize_cached(short_url) == "http://example.org/short-and-not-canonical"
+    assert _canonicalize_slow.cache_info().currsize == before + 1
