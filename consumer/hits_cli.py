@@ -80,7 +80,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.cache_ttl < 1:
         raise InputError("--cache-ttl must be at least 1 second")
     query = query_from_args(args)
-    client = connect_redis(settings, client_name="rankstream-hits")
+    client = connect_redis(settings, client_name="rankstream-hits", reader=True)
     try:
         answer = run_hits(
             client, settings.key_prefix, query,

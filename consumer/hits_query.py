@@ -30,20 +30,18 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
-import redis.exceptions
 
 from consumer.hits_base import BaseSubgraph, base_subgraph, url_host
 from consumer.readers import stored_data
+from consumer.redis_store import redis_errors
 from consumer.text_index import match, query_terms
 from producer.urls import UrlError, canonicalize_url
 from ranker.hits import hits
-from rankstream.errors import InputError, ServiceError, ServiceUnavailable
+from rankstream.errors import InputError
 
 __all__ = [
     "DEFAULT_CACHE_TTL",
@@ -199,7 +197,7 @@ def run_hits(
     """
     started = time.perf_counter()
     normal = query.normal_form()
-    with _redis_errors():
+    with redis_errors("answering a HITS query"):
         versions = _versions(redis, prefix)
         key = _cache_key(prefix, normal, versions)
         if use_cache and (cached := _cached_answer(redis.get(key))) is not None:
@@ -243,7 +241,8 @@ def collect_subgraph(
     timing = {} if timing is None else timing
     started = time.perf_counter()
     # stored_data: ids that are not integers, in a term set or P page:id
-    with _redis_errors(), stored_data(f"building the HITS base set under {prefix!r}"):
+    what = f"building the HITS base set under {prefix!r}"
+    with redis_errors(what), stored_data(what):
         roots, urls, unknown = _root_set(redis, prefix, query)
         timing["root"] = (time.perf_counter() - started) * 1000.0
         started = time.perf_counter()
@@ -340,13 +339,3 @@ def _cache_key(prefix: str, normal: dict[str, Any], versions: tuple[int, str]) -
 def _check_range(name: str, value: int, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InputError(f"must be an integer in [{low}, {high}], got {value!r}", where=name)
-
-
-@contextmanager
-def _redis_errors() -> Iterator[None]:
-    try:
-        yield
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        raise ServiceUnavailable(f"redis unavailable: {exc}") from exc
-    except redis.exceptions.RedisError as exc:
-        raise ServiceError(f"redis error: {exc}") from exc

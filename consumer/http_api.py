@@ -67,6 +67,9 @@ MAX_URL_CHARS = 4096
 # request-line limit.
 MAX_SCORE_URL_CHARS = 8192
 MAX_REQUEST_LINE_BYTES = 4 * 1024 * 1024
+# Open connections (and requests in flight) before uvicorn answers 503: at most
+# ~256 MiB of request buffers, and far more than the readers' Redis pool needs.
+MAX_CONNECTIONS = 64
 Algorithm = Literal["pagerank", "wpr"]
 Scale = Literal["paper", "probability"]
 Url = Annotated[str, StringConstraints(min_length=1, max_length=MAX_URL_CHARS)]
@@ -84,6 +87,7 @@ class MetaModel(BaseModel):
     published: bool
     total: float | None
     bound: float | None
+    relative_bound: float | None  # bound / total: what tolerance is compared with
     tolerance: float | None
     fresh: bool
     version: int
@@ -106,6 +110,10 @@ class ScoreResponse(BaseModel):
     algorithm: str
     scale: str
     score: float
+    fresh: bool
+    relative_bound: float | None  # null: no certified bound yet
+    version: int
+    refreshed_at: str
 
 
 class StatusResponse(BaseModel):
@@ -184,12 +192,15 @@ def create_app(redis: Any, prefix: str, *, cache_ttl: int = DEFAULT_CACHE_TTL) -
         algorithm: Annotated[Algorithm, Query()] = "pagerank",
         scale: Annotated[Scale, Query(description="paper y, or y / sum(y)")] = "paper",
     ) -> Any:
-        """One page's live score."""
-        value = readers.score(redis, prefix, url, algorithm, scale)
+        """One page's live score, with the freshness of the publication it is from."""
+        value, info = readers.score_with_meta(redis, prefix, url, algorithm, scale)
         if value is None:
             return JSONResponse({"detail": "no score for this URL"}, status_code=404)
         canonical = canonicalize_url(url)  # readers.score accepted it, so it is valid
-        return {"url": canonical, "algorithm": algorithm, "scale": scale, "score": value}
+        return readers.json_safe({
+            "url": canonical, "algorithm": algorithm, "scale": scale, "score": value,
+            "fresh": info.fresh, "relative_bound": info.relative_bound,
+            "version": info.version, "refreshed_at": info.refreshed_at})
 
     @app.get("/status", response_model=StatusResponse, responses=_ERRORS)
     def get_status() -> dict[str, Any]:
@@ -206,11 +217,15 @@ def server_config(
 
     h11's default 16 KiB limit on an incomplete request would cut off long but valid
     seed lists with a connection reset instead of an answer; we raise it to
-    :data:`MAX_REQUEST_LINE_BYTES`.
+    :data:`MAX_REQUEST_LINE_BYTES`. That buffer is per connection, and uvicorn has no
+    timeout for reading a request's head, so :data:`MAX_CONNECTIONS` bounds what slow
+    or idle clients can hold (about 4 MiB each); past it uvicorn answers 503. Exposed
+    beyond loopback, the server belongs behind a proxy with header timeouts.
     """
     return uvicorn.Config(
         app, host=host, port=port, log_level=log_level,
         h11_max_incomplete_event_size=MAX_REQUEST_LINE_BYTES,
+        limit_concurrency=MAX_CONNECTIONS,
     )
 
 

@@ -117,14 +117,35 @@ class Meta:
             pages=int(raw.get("pages", 0)),
         )
 
+    @property
+    def relative_bound(self) -> float:
+        """The bound as a share of sum(y): what ``tolerance`` is compared with, and the
+        L1 bound on the probability scale (x = y / sum(y))."""
+        return self.bound / self.total if self.total > 0 else float("inf")
+
+    def describe(self) -> str:
+        """One line on freshness: the absolute bound beside a relative tolerance made an
+        honest fresh publication look ``total`` times over it."""
+        return describe_bound(self.fresh, self.bound, self.relative_bound, self.tolerance)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "algorithm": self.algorithm, "published": self.published, "total": self.total,
-            "bound": self.bound, "tolerance": self.tolerance, "fresh": self.fresh,
+            "bound": self.bound, "relative_bound": self.relative_bound,
+            "tolerance": self.tolerance, "fresh": self.fresh,
             "version": self.version, "refreshed_at": self.refreshed_at,
             "offsets": dict(self.offsets or {}), "damping": self.damping, "scale": self.scale,
             "pages": self.pages,
         }
+
+
+def describe_bound(fresh: bool, bound: float, relative: float, tolerance: float) -> str:
+    """``fresh, certified L1 bound 2.1e-04 = 3.9e-07 of sum(y) (tolerance 1e-06 of sum(y))``."""
+    state = "fresh" if fresh else "NOT fresh"
+    if not math.isfinite(bound):
+        return f"{state}, no certified bound yet (tolerance {tolerance:.1e} of sum(y))"
+    return (f"{state}, certified L1 bound {bound:.2e} = {relative:.1e} of sum(y) "
+            f"(tolerance {tolerance:.1e} of sum(y))")
 
 
 def meta(client: redis.Redis, prefix: str, algorithm: str) -> Meta:
@@ -151,7 +172,7 @@ def top_with_meta(client: redis.Redis, prefix: str, algorithm: str = "pagerank",
     """:func:`top` and the :class:`Meta` of the publication those rows belong to."""
     _check_algorithm(algorithm)
     if not 1 <= k <= MAX_TOP_K:
-        raise InputError(f"k must be between 1 and {MAX_TOP_K}", where="k")
+        raise InputError(f"must be between 1 and {MAX_TOP_K}", where="k")
     if scale not in SCALES:
         raise InputError(f"unknown scale {scale!r} (paper or probability)", where="scale")
     keys = Keys(prefix)
@@ -172,6 +193,12 @@ def top_with_meta(client: redis.Redis, prefix: str, algorithm: str = "pagerank",
 def score(client: redis.Redis, prefix: str, url: str, algorithm: str = "pagerank",
           scale: Scale = "paper") -> float | None:
     """One URL's score (canonicalised first); None if the page has no published score."""
+    return score_with_meta(client, prefix, url, algorithm, scale)[0]
+
+
+def score_with_meta(client: redis.Redis, prefix: str, url: str, algorithm: str = "pagerank",
+                    scale: Scale = "paper") -> tuple[float | None, Meta]:
+    """:func:`score` and the :class:`Meta` (freshness, bound) of its publication."""
     from producer.urls import UrlError, canonicalize_url
 
     _check_algorithm(algorithm)
@@ -182,18 +209,14 @@ def score(client: redis.Redis, prefix: str, url: str, algorithm: str = "pagerank
     keys = Keys(prefix)
     with redis_errors("reading a score"), client.pipeline(transaction=True) as pipe:
         pipe.zscore(keys.scores(algorithm), canonical)
-        pipe.hget(keys.meta(algorithm), "total")
-        value, total_raw = pipe.execute()
-    if value is None:
-        return None
+        pipe.hgetall(keys.meta(algorithm))
+        value, meta_raw = pipe.execute()
     with stored_data(f"reading a {algorithm} score"):
-        if scale == "probability":
-            try:
-                total = float(total_raw) if total_raw is not None else 0.0
-            except ValueError:
-                total = math.nan
-            return _finite(value, "the score") / _probability_divisor(algorithm, total)
-        return _finite(value, "the score")
+        info = Meta.from_hash(algorithm, _decode_hash(meta_raw))
+        if value is None:
+            return None, info
+        divisor = _probability_divisor(algorithm, info.total) if scale == "probability" else 1.0
+        return _finite(value, "the score") / divisor, info
 
 
 def _probability_divisor(algorithm: str, total: float) -> float:
@@ -214,7 +237,9 @@ def scores_of(client: redis.Redis, prefix: str, url: str) -> dict[str, float | N
 def status(client: redis.Redis, prefix: str) -> dict[str, Any]:
     """Consumer health, graph counters and per-algorithm meta, as one JSON-able dict."""
     keys = Keys(prefix)
-    with redis_errors("reading the status"), client.pipeline(transaction=False) as pipe:
+    # One MULTI: a graph transaction and a publication landing between the reads could
+    # otherwise show a meta version ahead of the graph's.
+    with redis_errors("reading the status"), client.pipeline(transaction=True) as pipe:
         pipe.hgetall(keys.status)
         pipe.hgetall(keys.graph)
         pipe.hgetall(keys.offsets)

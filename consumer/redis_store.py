@@ -30,21 +30,28 @@ from rankstream.settings import Settings
 log = logging.getLogger("rankstream.consumer.store")
 
 REDIS_SOCKET_TIMEOUT_S = 30.0  # a 50k-command EXEC may take a while on a busy box
+# Readers (CLI and HTTP) send small reads: on a stalled Redis the consumer's 30 s and
+# three retries held each request for two minutes, and ~40 such requests froze the
+# HTTP server's thread pool.
+READER_SOCKET_TIMEOUT_S = 5.0
+READER_RETRIES = 1
 
 
-def connect_redis(settings: Settings, *, client_name: str = "rankstream") -> redis.Redis:
+def connect_redis(settings: Settings, *, client_name: str = "rankstream",
+                  reader: bool = False) -> redis.Redis:
     """A redis-py client (hiredis parser when installed) built from settings.
 
     Connection errors and timeouts are retried by redis-py itself with exponential
     backoff (a few attempts, capped at 2 s); longer outages surface as
     ``redis.ConnectionError`` for the caller's own bounded-backoff loop.
-    The password is taken from its SecretStr only here and never logged.
+    ``reader``: a short socket timeout and one retry, for readers answering a person
+    or a request. The password is taken from its SecretStr only here and never logged.
     """
     password = settings.redis_password.get_secret_value() if settings.redis_password else None
     kwargs: dict[str, Any] = {
         "username": settings.redis_username,
         "password": password,
-        "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+        "socket_timeout": READER_SOCKET_TIMEOUT_S if reader else REDIS_SOCKET_TIMEOUT_S,
         "socket_connect_timeout": 5.0,
         "socket_keepalive": True,
         # No health checks: redis-py PINGs before a command on a connection idle for
@@ -54,7 +61,8 @@ def connect_redis(settings: Settings, *, client_name: str = "rankstream") -> red
         # review's repro, a fenced batch resumed after a 15 s pause). Dead
         # connections still fail: keepalive, the socket timeout, then a retry.
         "health_check_interval": 0,
-        "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=3),
+        "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05),
+                       retries=READER_RETRIES if reader else 3),
         "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
         "client_name": client_name,
     }

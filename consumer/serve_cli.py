@@ -52,7 +52,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise InputError(f"--port must be in 1..65535, got {args.port}")
     if args.cache_ttl < 1:
         raise InputError("--cache-ttl must be at least 1 second")
-    client = connect_redis(settings, client_name="rankstream-serve")
+    client = connect_redis(settings, client_name="rankstream-serve", reader=True)
     try:
         with redis_errors("connecting"):
             client.ping()

@@ -51,12 +51,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     client = connect_redis(settings)
     for algorithm in ("pagerank", "wpr"):
         rows, info = top_with_meta(client, settings.key_prefix, algorithm, args.k)
-        freshness = "fresh" if info.fresh else "NOT fresh"
-        relative = info.bound / info.total if info.total > 0 else float("inf")
-        print(f"\n{algorithm}: {freshness}, certified L1 bound {info.bound:.2e} = "
-              f"{relative:.1e} of sum(y) (tolerance {info.tolerance:.0e} of sum(y)), "
-              f"{info.pages} pages, graph version {info.version}, "
-              f"refreshed {info.refreshed_at}")
+        print(f"\n{algorithm}: {info.describe()}, {info.pages} pages, "
+              f"graph version {info.version}, refreshed {info.refreshed_at}")
         for rank, (url, value) in enumerate(rows, 1):
             print(f"{rank:3d}. {value:10.6f}  {url}")
     return 0

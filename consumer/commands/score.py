@@ -7,7 +7,7 @@ import json
 import sys
 
 from consumer.keys import ALGORITHMS
-from consumer.readers import SCALES, score
+from consumer.readers import SCALES, json_safe, score_with_meta
 from consumer.redis_store import connect_redis
 from producer.urls import canonicalize_url
 from rankstream.settings import Settings
@@ -23,19 +23,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     algorithms = [args.algorithm] if args.algorithm else list(ALGORITHMS)
-    client = connect_redis(settings, client_name="rankstream-score")
+    client = connect_redis(settings, client_name="rankstream-score", reader=True)
     try:
-        values = {alg: score(client, settings.key_prefix, args.url, alg, args.scale)
-                  for alg in algorithms}
+        answers = {alg: score_with_meta(client, settings.key_prefix, args.url, alg, args.scale)
+                   for alg in algorithms}
     finally:
         client.close()
+    values = {alg: value for alg, (value, _) in answers.items()}
     if args.json:
         # score() accepted the URL, so it canonicalises; the page is stored under that.
-        sys.stdout.write(json.dumps({"url": canonicalize_url(args.url), "scale": args.scale,
-                                     "scores": values}) + "\n")
+        sys.stdout.write(json.dumps(json_safe({
+            "url": canonicalize_url(args.url), "scale": args.scale, "scores": values,
+            "meta": {alg: info.as_dict() for alg, (_, info) in answers.items()}})) + "\n")
     else:
-        for alg, value in values.items():
-            shown = "not ranked" if value is None else f"{value:.10g}"
+        for alg, (value, info) in answers.items():
+            shown = ("not ranked" if value is None
+                     else f"{value:.10g}  ({info.describe()}, version {info.version})")
             sys.stdout.write(f"{alg:<9} {shown}\n")
     # Exit 1 when the page is unknown everywhere, so scripts can test for it.
     return 0 if any(v is not None for v in values.values()) else 1

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from consumer.readers import json_safe, status
+from consumer.readers import describe_bound, json_safe, status
 from consumer.redis_store import connect_redis
 from rankstream.settings import Settings
 
@@ -16,11 +16,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    client = connect_redis(settings, client_name="rankstream-status")
+    client = connect_redis(settings, client_name="rankstream-status", reader=True)
     try:
-        info = json_safe(status(client, settings.key_prefix))
+        raw = status(client, settings.key_prefix)
     finally:
         client.close()
+    info = json_safe(raw)
     if args.json:
         sys.stdout.write(json.dumps(info) + "\n")
         return 0
@@ -43,11 +44,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     out(f"graph      version {graph.get('version', 0)}, pages {graph.get('pages', 0)}, "
         f"links {graph.get('links', 0)}, stale ignored {graph.get('stale_ignored', 0)}, "
         f"dead letters {graph.get('dlq', 0)}\n")
-    for alg, m in info["algorithms"].items():
+    for alg, m in raw["algorithms"].items():  # raw: an infinite bound is not null here
         if not m["published"]:
             out(f"{alg:<10} not published\n")
             continue
-        fresh = "fresh" if m["fresh"] else "NOT fresh"
-        out(f"{alg:<10} {fresh}, bound {m['bound']} (tolerance {m['tolerance']}), "
-            f"version {m['version']}, refreshed {m['refreshed_at']}\n")
+        freshness = describe_bound(m["fresh"], m["bound"], m["relative_bound"],
+                                   m["tolerance"])
+        out(f"{alg:<10} {freshness}, version {m['version']}, "
+            f"refreshed {m['refreshed_at']}\n")
     return 0

@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    client = connect_redis(settings, client_name="rankstream-top")
+    client = connect_redis(settings, client_name="rankstream-top", reader=True)
     try:
         rows, info = top_with_meta(client, settings.key_prefix, args.algorithm, args.k,
                                    args.scale)
@@ -40,10 +40,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         sys.stdout.write(f"no {args.algorithm} scores published under "
                          f"{settings.key_prefix!r} yet\n")
         return 0
-    fresh = "fresh" if info.fresh else "NOT fresh"
-    sys.stdout.write(f"{args.algorithm} top {len(rows)} ({args.scale} scale) - {fresh}, "
-                     f"bound {info.bound:.3g} (tolerance {info.tolerance:.3g}), "
-                     f"version {info.version}, refreshed {info.refreshed_at}\n")
+    sys.stdout.write(f"{args.algorithm} top {len(rows)} ({args.scale} scale) - "
+                     f"{info.describe()}, version {info.version}, "
+                     f"refreshed {info.refreshed_at}\n")
     for i, (url, value) in enumerate(rows, start=1):
         sys.stdout.write(f"{i:>4}  {value:.8f}  {url}\n")
     return 0

@@ -296,13 +296,27 @@ def test_readers_and_cli_commands(isolated, capsys):
                        settings) == 0
     payload = json.loads(capsys.readouterr().out)
     assert payload["top"][0]["url"] == hub and payload["meta"]["fresh"] is True
+    meta = payload["meta"]
+    assert meta["relative_bound"] == pytest.approx(meta["bound"] / meta["total"])
+    # The bound is shown beside the tolerance on the same (relative) footing.
+    assert top_cmd.run(argparse.Namespace(k=2, algorithm="pagerank", scale="probability",
+                                          json=False), settings) == 0
+    info = readers.meta(client, settings.key_prefix, "pagerank")
+    assert (f"fresh, certified L1 bound {info.bound:.2e} = {info.bound / info.total:.1e} of "
+            f"sum(y) (tolerance {settings.tolerance:.1e} of sum(y))") in capsys.readouterr().out
     assert score_cmd.run(argparse.Namespace(url=hub, algorithm=None, scale="paper", json=False),
                          settings) == 0
     assert "pagerank" in capsys.readouterr().out
+    assert score_cmd.run(argparse.Namespace(url=hub, algorithm="wpr", scale="paper", json=True),
+                         settings) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["meta"]["wpr"]["fresh"] is True and answer["scores"]["wpr"] > 0
     assert status_cmd.run(argparse.Namespace(json=True), settings) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["graph"]["pages"] == 6 and status["consumer"]["state"] == "stopped"
     assert status["running"] is False and np.isfinite(status["algorithms"]["wpr"]["bound"])
+    assert status_cmd.run(argparse.Namespace(json=False), settings) == 0
+    assert f"of sum(y) (tolerance {settings.tolerance:.1e} of sum(y))" in capsys.readouterr().out
     # A consumer killed while running leaves its last state: said as such, once its
     # lease is gone.
     client.hset(Keys(settings.key_prefix).status, "state", "running")

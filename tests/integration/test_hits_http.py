@@ -170,6 +170,10 @@ def test_top_and_score_round_trip_odd_urls(http: httpx.Client) -> None:
         assert response.status_code == 200, (url, response.text)
         assert response.json()["url"] == url
         assert response.json()["score"] == next(e["score"] for e in entries if e["url"] == url)
+        # The freshness of the publication the score comes from, read in the same MULTI.
+        meta = top.json()["meta"]
+        assert {k: response.json()[k] for k in ("fresh", "version", "relative_bound")} == {
+            k: meta[k] for k in ("fresh", "version", "relative_bound")}
     assert http.get("/score", params={"url": "https://unknown.example/"}).status_code == 404
     assert http.get("/score", params={"url": "nope"}).status_code == 400
     assert http.get("/score", params={"url": "https://a.org/", "algorithm": "x"}).status_code == 422

@@ -366,3 +366,14 @@ def test_serve_binds_before_uvicorn_so_failures_are_one_line_errors() -> None:
         _bind("no-such-host.invalid", 8080)
     with _bind("127.0.0.1", 0) as listener:
         assert listener.getsockname()[1] > 0
+
+
+def test_readers_give_up_on_a_stalled_redis_in_seconds_not_minutes():
+    from consumer.redis_store import connect_redis
+    from rankstream.settings import Settings
+
+    settings = Settings()
+    reader = connect_redis(settings, reader=True).connection_pool.connection_kwargs
+    consumer = connect_redis(settings).connection_pool.connection_kwargs
+    assert reader["socket_timeout"] == 5.0 and reader["retry"].get_retries() == 1
+    assert consumer["socket_timeout"] == 30.0 and consumer["retry"].get_retries() == 3
