@@ -320,7 +320,8 @@ def run_graph(setup: Setup, accuracy: float, repeats: int, seed: int, warmups: i
                 graphs[(a, variant)] = setup.build()
     print(f"graph: {probe.num_ids:,} pages, {probe.num_links:,} links, built in {build_s:.1f}s; "
           f"LinkGraph memory {probe.memory_bytes() / probe.num_links:.1f} bytes/link "
-          f"(URL strings excluded)", flush=True)
+          f"(URL strings excluded; the key table "
+          f"{probe.key_table_bytes() / probe.num_links:.1f} of it)", flush=True)
     exact_tol = accuracy * 1e-2  # certified L1 bound, so max-abs error <= 1% of accuracy
     reference = {a: exact(probe, a, None, exact_tol) for a in ALGORITHMS}
     cold_tol = {a: calibrate_cold(probe, a, reference[a], accuracy) for a in ALGORITHMS}

@@ -16,6 +16,7 @@ are extra.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import cast
 
@@ -49,6 +50,13 @@ Adjacency = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
 # compaction, and so compacted again after every 50k-link batch (measured: 56
 # compactions in 60 batches).
 COMPACT_POOL_BYTES_PER_LINK = 34
+# The whole graph's budget (key table included), and what compaction leaves the pools
+# (about 20 bytes a link, above). A graph whose per-page part (arrays and key table:
+# ~100 bytes a page at 1M pages) leaves room for compacted pools within the budget
+# also compacts when it passes the budget: at ~10 links a page the pool rule alone let
+# it reach 44.7 bytes a link. A frontier graph cannot get within it, and does not try.
+BUDGET_BYTES_PER_LINK = 40
+COMPACTED_POOL_BYTES_PER_LINK = 22
 ROW_SPARE_SHIFT = 3
 COMPACT_MIN_LINKS = 4096
 # A batch with fewer link ends than 1/SORT_BELOW_SHARE of the ids groups them by sorting.
@@ -293,8 +301,7 @@ class LinkGraph:
         was_live[np.isin(candidates, removed)] = False
         new_pages = candidates[self._live[candidates] & ~was_live].astype(np.int32)
         if self._garbage > max(self._out_used + self._in_used, 1 << 16) // 2 or (
-                self.num_links >= COMPACT_MIN_LINKS
-                and self._pool_bytes() > COMPACT_POOL_BYTES_PER_LINK * self.num_links):
+                self.num_links >= COMPACT_MIN_LINKS and self._over_budget()):
             self.compact()
         return AppliedBatch(ins_src, ins_dst, del_src.astype(np.int32), del_dst.astype(np.int32),
                             removed.astype(np.int32), new_pages)
@@ -428,10 +435,28 @@ class LinkGraph:
         return src, matrix.indices.astype(np.int32)
 
     def memory_bytes(self) -> int:
-        """Bytes held by the adjacency and per-page arrays (key strings excluded)."""
+        """Bytes the graph holds, key strings excluded: the adjacency and per-page
+        arrays (allocated capacity, not use) and the key table (:meth:`key_table_bytes`)."""
         arrays = (self._live, self.out_start, self.out_len, self.out_cap, self.in_start,
                   self.in_len, self.in_cap)
-        return int(sum(a.nbytes for a in arrays)) + self._pool_bytes()
+        return int(sum(a.nbytes for a in arrays)) + self._pool_bytes() + self.key_table_bytes()
+
+    def key_table_bytes(self) -> int:
+        """The key -> id dict's hash table, the id -> key list and the int objects of the
+        ids (CPython keeps ints below 257 shared), the strings themselves excluded:
+        about 67 bytes a page at 1M pages, 8 bytes a link at the web's ~8 links a page."""
+        ints = max(len(self._keys) - 257, 0) * sys.getsizeof(1 << 20)
+        return sys.getsizeof(self._index) + sys.getsizeof(self._keys) + ints
+
+    def _over_budget(self) -> bool:
+        links = self.num_links
+        pools = self._pool_bytes()
+        if pools > COMPACT_POOL_BYTES_PER_LINK * links:
+            return True
+        per_page = self.memory_bytes() - pools
+        room = (BUDGET_BYTES_PER_LINK - COMPACTED_POOL_BYTES_PER_LINK) * links
+        return (per_page + pools > BUDGET_BYTES_PER_LINK * links and per_page <= room
+                and pools > COMPACTED_POOL_BYTES_PER_LINK * links)
 
     def _pool_bytes(self) -> int:
         return int(sum(a.nbytes for a in (self.out_nbr, self.out_twin, self.in_nbr,

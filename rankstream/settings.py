@@ -12,10 +12,17 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Literal
-from urllib.parse import urlsplit
+from typing import Annotated, Any, Literal
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from rankstream.errors import ConfigError
@@ -172,6 +179,29 @@ class Settings(BaseSettings):
         if db and not db.isdigit():
             raise ValueError(f"the database must be a number {advice}")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _credentials_out_of_the_url(cls, data: Any) -> Any:
+        """Move a username and password given in ``redis_url`` into their own settings.
+
+        Why: the password then lives only in the SecretStr (masked in ``repr`` and never
+        printed); in the URL it showed in ``repr(settings)`` and ``rankstream services
+        env``. As with redis-py's own reading of a URL, credentials in the URL win.
+        """
+        if not isinstance(data, dict) or not isinstance(data.get("redis_url"), str):
+            return data
+        url = urlsplit(data["redis_url"])
+        if url.scheme not in {"redis", "rediss"} or "@" not in url.netloc:
+            return data
+        userinfo, _, hostport = url.netloc.rpartition("@")
+        username, colon, password = userinfo.partition(":")
+        data = {**data, "redis_url": urlunsplit(url._replace(netloc=hostport))}
+        if username:
+            data["redis_username"] = unquote(username)
+        if colon:
+            data["redis_password"] = unquote(password)
+        return data
 
     @field_validator("kafka_bootstrap")
     @classmethod

@@ -333,3 +333,16 @@ def test_a_stranger_on_the_port_is_named_before_anything_is_installed(
             up(svc, install=True, timeout=5.0, log=lambda _line: None)
     finally:
         stranger.close()
+
+
+def test_credentials_in_the_redis_url_move_into_their_own_settings_and_are_never_shown():
+    settings = load_settings(redis_url="redis://ranker:s3cr%2Fet@127.0.0.1:6379/2")
+    assert settings.redis_url == "redis://127.0.0.1:6379/2"
+    assert settings.redis_username == "ranker"
+    assert settings.redis_password is not None
+    assert settings.redis_password.get_secret_value() == "s3cr/et"
+    assert "s3cr" not in repr(settings) and "s3cr" not in "\n".join(stack.env_lines(settings))
+    # A password alone: the username setting stays as it was.
+    only = load_settings(redis_url="rediss://:pw@host:6380/0", redis_username="me")
+    assert (only.redis_url, only.redis_username) == ("rediss://host:6380/0", "me")
+    assert only.redis_password is not None and only.redis_password.get_secret_value() == "pw"
