@@ -16,7 +16,6 @@ are extra.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import cast
 
@@ -32,6 +31,7 @@ from ranker.edge_batches import (
     pair_keys,
     sorted_unique,
 )
+from ranker.graph_memory import ROW_SPARE_SHIFT, compaction_due, key_table_bytes
 from rankstream.errors import InputError
 
 # out_start, out_len, out_nbr, out_twin, in_start, in_len, in_nbr, in_twin
@@ -39,26 +39,6 @@ Adjacency = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                   np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
-# Compact when the pools (slack, garbage) pass this many bytes per link, so the graph
-# stays within the 40 bytes/link budget: the per-page arrays add 33 bytes per page,
-# about 4 per link at the web's ~8 links per page. Only the pools count, as only they
-# shrink: with the per-page arrays counted too, a graph with about as many pages as
-# links (a crawl frontier) compacted after every batch (2M pages and links: a 10-link
-# batch took 21 ms instead of 0.13). Compaction leaves every row 1/8 spare capacity
-# and the pools 1/8 headroom (about 20 bytes per link): without the rows' spare, a
-# growing graph re-grew every row that gained a link (all the hubs) after each
-# compaction, and so compacted again after every 50k-link batch (measured: 56
-# compactions in 60 batches).
-COMPACT_POOL_BYTES_PER_LINK = 34
-# The whole graph's budget (key table included), and what compaction leaves the pools
-# (about 20 bytes a link, above). A graph whose per-page part (arrays and key table:
-# ~100 bytes a page at 1M pages) leaves room for compacted pools within the budget
-# also compacts when it passes the budget: at ~10 links a page the pool rule alone let
-# it reach 44.7 bytes a link. A frontier graph cannot get within it, and does not try.
-BUDGET_BYTES_PER_LINK = 40
-COMPACTED_POOL_BYTES_PER_LINK = 22
-ROW_SPARE_SHIFT = 3
-COMPACT_MIN_LINKS = 4096
 # A batch with fewer link ends than 1/SORT_BELOW_SHARE of the ids groups them by sorting.
 SORT_BELOW_SHARE = 16
 
@@ -131,7 +111,10 @@ class LinkGraph:
 
     def intern(self, key: str) -> int:
         """Id of ``key``, assigning the next one if new; revives a removed page."""
-        page = self._index.get(key)
+        try:
+            page = self._index.get(key)
+        except TypeError as exc:  # unhashable: a list, a dict
+            raise InputError(f"page keys must be strings, got {type(key).__name__}") from exc
         if page is None:
             if type(key) is not str:  # 1, 1.0 and True would share one id
                 raise InputError(f"page keys must be strings, got {type(key).__name__}")
@@ -165,7 +148,11 @@ class LinkGraph:
         never removed a page, planning took 15.0-17.1 us per event instead of
         17.2-20.2 (5,000-event batches of the 1M-page stream, interleaved runs).
         """
-        found: list[int | None] = list(map(self._index.get, keys))
+        try:
+            found: list[int | None] = list(map(self._index.get, keys))
+        except TypeError as exc:  # an unhashable key
+            bad = next(key for key in keys if type(key) is not str)
+            raise InputError(f"page keys must be strings, got {type(bad).__name__}") from exc
         if None in found:  # new keys, in first-seen order (a repeated one gets one id)
             for i, page in enumerate(found):
                 if page is None:
@@ -300,8 +287,9 @@ class LinkGraph:
         # Removed, then revived by an insertion of this batch: new to readers too.
         was_live[np.isin(candidates, removed)] = False
         new_pages = candidates[self._live[candidates] & ~was_live].astype(np.int32)
-        if self._garbage > max(self._out_used + self._in_used, 1 << 16) // 2 or (
-                self.num_links >= COMPACT_MIN_LINKS and self._over_budget()):
+        pools = self._pool_bytes()
+        if self._garbage > max(self._out_used + self._in_used, 1 << 16) // 2 or compaction_due(
+                pools=pools, per_page=self.memory_bytes() - pools, links=self.num_links):
             self.compact()
         return AppliedBatch(ins_src, ins_dst, del_src.astype(np.int32), del_dst.astype(np.int32),
                             removed.astype(np.int32), new_pages)
@@ -442,21 +430,8 @@ class LinkGraph:
         return int(sum(a.nbytes for a in arrays)) + self._pool_bytes() + self.key_table_bytes()
 
     def key_table_bytes(self) -> int:
-        """The key -> id dict's hash table, the id -> key list and the int objects of the
-        ids (CPython keeps ints below 257 shared), the strings themselves excluded:
-        about 67 bytes a page at 1M pages, 8 bytes a link at the web's ~8 links a page."""
-        ints = max(len(self._keys) - 257, 0) * sys.getsizeof(1 << 20)
-        return sys.getsizeof(self._index) + sys.getsizeof(self._keys) + ints
-
-    def _over_budget(self) -> bool:
-        links = self.num_links
-        pools = self._pool_bytes()
-        if pools > COMPACT_POOL_BYTES_PER_LINK * links:
-            return True
-        per_page = self.memory_bytes() - pools
-        room = (BUDGET_BYTES_PER_LINK - COMPACTED_POOL_BYTES_PER_LINK) * links
-        return (per_page + pools > BUDGET_BYTES_PER_LINK * links and per_page <= room
-                and pools > COMPACTED_POOL_BYTES_PER_LINK * links)
+        """Bytes of the key table (:func:`ranker.graph_memory.key_table_bytes`)."""
+        return key_table_bytes(self._keys, self._index)
 
     def _pool_bytes(self) -> int:
         return int(sum(a.nbytes for a in (self.out_nbr, self.out_twin, self.in_nbr,
@@ -472,7 +447,8 @@ class LinkGraph:
         if both.size == 0:
             return cls()
         if not all(type(key) is str for key in both):
-            raise InputError("page keys must be strings", where="from_edges")
+            raise InputError("page keys must be Python str (not numpy strings, bytes or "
+                             "numbers)", where="from_edges")
         keys, inverse = np.unique(both, return_inverse=True)
         inverse = inverse.astype(np.int32)
         m = len(src_keys)
