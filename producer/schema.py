@@ -202,6 +202,14 @@ def _not_ahead(millis: int, shown: str) -> int:
     return millis
 
 
+def _shown(value: object, limit: int = 40) -> str:
+    """A value from the input as it may appear in an error: JSON spelling (null, not
+    None), control characters escaped (a reason is one line, and may reach a terminal),
+    cut to ``limit`` characters."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _json_type(value: object) -> str:
     names = {str: "string", int: "integer", float: "number", bool: "boolean",
              list: "array", dict: "object", type(None): "null"}
@@ -408,7 +416,7 @@ def make_event(obj: object, limits: Limits = DEFAULT_LIMITS) -> Event:
     version = obj.get("v", SCHEMA_VERSION)
     if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise InputError(
-            f"unsupported version: {version!r} (supported: {_SUPPORTED_TEXT})"
+            f"unsupported version: {_shown(version)} (supported: {_SUPPORTED_TEXT})"
         )
     try:
         return _EVENT_ADAPTER.validate_python(obj, context={"limits": limits})
@@ -438,7 +446,8 @@ def _reason(exc: ValidationError) -> str:
     if kind == "union_tag_not_found":
         return "missing field: type"
     if kind == "union_tag_invalid":
-        return f"unknown type: {error['ctx']['tag']} (expected one of {', '.join(_TYPE_TAGS)})"
+        given = error["input"].get("type") if isinstance(error["input"], dict) else None
+        return f"unknown type: {_shown(given)} (expected one of {', '.join(_TYPE_TAGS)})"
     if kind == "missing":
         return f"missing field: {where}"
     detail = _TYPE_WORDS.get(kind, error["msg"])

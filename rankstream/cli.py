@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from rankstream.errors import RankstreamError
-from rankstream.settings import load_settings
 
 # name -> (module, one-line help). Modules are imported only when their command
 # runs, so `rankstream rank` never pays for Kafka or Redis imports.
@@ -69,20 +68,29 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    parser = _build_parser(args_list)
-    args = parser.parse_args(args_list)
+    command = "" if not args_list else f" {args_list[0]}"
     try:
+        parser = _build_parser(args_list)  # imports the command's module: ^C may land here
+        args = parser.parse_args(args_list)
+        command = f" {args.command}"
+        if sys.stdout is None:  # started with stdout closed (`>&-`)
+            raise RankstreamError("standard output is closed")
+        from rankstream.settings import load_settings  # pydantic: inside the ^C handler
+
         settings = load_settings()
         code: int = args._module.run(args, settings)
     except RankstreamError as exc:
-        sys.stderr.write(f"rankstream {args.command}: error: {exc}\n")
+        sys.stderr.write(f"rankstream{command}: error: {exc}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:
-        sys.stderr.write(f"rankstream {args.command}: interrupted\n")
+        sys.stderr.write(f"rankstream{command}: interrupted\n")
         return 130
     except BrokenPipeError:
         # `rankstream rank ... | head` closes our stdout early; that is not an error.
         return 0
+    except OSError as exc:  # writing the output failed: a full disk, a closed stdout
+        sys.stderr.write(f"rankstream{command}: error: {exc.strerror or exc}\n")
+        return EXIT_USAGE
     return code
 
 

@@ -13,6 +13,11 @@ from pathlib import Path
 from rankstream.errors import InputError
 from rankstream.input_files import numbered_lines
 
+# Keys are verbatim and unbounded by the URL limit, but a line of a mebibyte is not an
+# edge: an endless line (a binary file, /dev/zero, CR-only line ends) must fail with
+# its line number instead of being read whole into memory.
+MAX_EDGE_LINE_BYTES = 1 << 20
+
 
 def iter_edges(path: Path) -> Iterator[tuple[str, str]]:
     """Yield ``(src, dst)`` per line; blank lines and ``#`` comments are skipped.
@@ -20,7 +25,7 @@ def iter_edges(path: Path) -> Iterator[tuple[str, str]]:
     Raises :class:`InputError` naming ``file:line`` for a line that is not exactly
     two non-empty tab-separated fields, or for bytes that are not UTF-8.
     """
-    for line_no, raw in numbered_lines(path):
+    for line_no, raw in numbered_lines(path, MAX_EDGE_LINE_BYTES):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:

@@ -32,13 +32,15 @@ VERIFY_TOLERANCE_PER_PAGE = 1e-13
 # Both certificates are L1 bounds computed in float64: slack for the rounding of the
 # residual sums themselves, relative to sum(y).
 VERIFY_ROUNDING = 64 * float(np.finfo(np.float64).eps)
+MAX_BATCH_SIZE = 10**9
 T = TypeVar("T")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--edges", type=Path,
                         help="src<TAB>dst lines, optionally gzipped, '-' for stdin; keys are "
-                        "taken verbatim, while event URLs are canonicalised")
+                        "taken verbatim, while event URLs are canonicalised; blank lines and "
+                        "lines starting with '#' are skipped")
     parser.add_argument("--events", type=Path,
                         help="JSON-lines event log applied on top ('-' for stdin)")
     parser.add_argument("--batch-size", type=int, default=1000, help="events per refresh")
@@ -67,8 +69,11 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError("--scale probability applies to PageRank only")
     if args.edges is None and args.events is None:
         raise InputError("give --edges FILE, --events FILE, or both")
-    if args.batch_size < 1:
-        raise InputError("--batch-size must be at least 1")
+    if not 1 <= args.batch_size <= MAX_BATCH_SIZE:
+        raise InputError(f"--batch-size must be between 1 and {MAX_BATCH_SIZE:,}")
+    if args.edges is not None and args.edges == args.events:
+        # Whichever is read first would take the whole stream, and the other nothing.
+        raise InputError("--edges and --events name the same input")
     if args.top is not None and args.top < 1:
         raise InputError("--top must be at least 1")
     if args.tolerance is not None and not 0.0 < args.tolerance < 1.0:
@@ -95,11 +100,17 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     tolerance = args.tolerance
     if tolerance is None:
         tolerance = MIN_TOLERANCE if args.algorithm == "hits" else tolerance_floor(damping)
+    elif args.algorithm == "hits" and tolerance < MIN_TOLERANCE:
+        # (PageRank and WPR: LiveRanks refuses theirs, at the floor of their damping.)
+        raise InputError(f"--tolerance must be at least {MIN_TOLERANCE:g} for HITS "
+                         "(below it the change between steps is float64 rounding noise)")
+    tally = {"applied": 0, "stale": 0}
     graph = LinkGraph.from_edges(*read_edges(args.edges)) if args.edges else LinkGraph()
 
     if args.algorithm == "hits":
-        for batch in _edge_batches(graph, args, limits):
+        for batch in _edge_batches(graph, args, limits, tally):
             graph.apply(batch)
+        _report_events(args, tally)
         result = hits(graph.to_csr(), tol=tolerance, max_iter=settings.max_iter)
         if args.verify:
             # Said rather than skipped silently: there is no incremental HITS, so the
@@ -119,8 +130,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         max_iter=settings.max_iter,
     )
     report = ranks.cold_start()[args.algorithm]
-    for batch in _edge_batches(graph, args, limits):
+    for batch in _edge_batches(graph, args, limits, tally):
         report = ranks.apply(batch)[args.algorithm]
+    _report_events(args, tally)
     if not report.fresh:
         # The scores printed are the last refresh's: never print them as converged.
         raise ConvergenceError(
@@ -161,9 +173,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _edge_batches(
-    graph: LinkGraph, args: argparse.Namespace, limits: Limits
+    graph: LinkGraph, args: argparse.Namespace, limits: Limits, tally: dict[str, int]
 ) -> Iterator[EdgeBatch]:
-    """The event log, ``--batch-size`` events at a time, as net edge batches."""
+    """The event log, ``--batch-size`` events at a time, as net edge batches; counts
+    the events applied and the stale ones ignored into ``tally``."""
     if args.events is None:
         return
     from producer.schema import iter_events
@@ -172,7 +185,18 @@ def _edge_batches(
     applier = EventApplier(graph)
     events = (event for _, event in iter_events(args.events, limits))
     for chunk in _chunks(events, args.batch_size):
-        yield applier.apply(chunk).batch
+        applied = applier.apply(chunk)
+        tally["applied"] += applied.applied
+        tally["stale"] += applied.stale_ignored
+        yield applied.batch
+
+
+def _report_events(args: argparse.Namespace, tally: dict[str, int]) -> None:
+    # The stale rule ignores events silently otherwise (the consumer counts them in
+    # `rankstream status`).
+    if args.events is not None:
+        sys.stderr.write(f"events: {tally['applied']} applied, {tally['stale']} stale "
+                         "ignored (an older ts than the page's last)\n")
 
 
 def _order(keys: Sequence[str], scores: np.ndarray) -> list[int]:

@@ -140,6 +140,13 @@ def test_demo_events_replay_verifies(capsys: pytest.CaptureFixture[str]) -> None
         (["rank", "--edges", "{late}"], "late.tsv:3001: not UTF-8"),
         (["rank", "--edges", "{truncated}"], "cut.tsv.gz:"),
         (["produce", "--synthetic", "5", "--links-per-page", "nan"], "--links-per-page"),
+        # An endless line is refused by its number, not read whole into memory.
+        (["rank", "--edges", "{endless}"], "endless.tsv:1: line longer than 1048576 bytes"),
+        (["rank", "--edges", "{good}", "--batch-size", str(10**20)], "--batch-size must be"),
+        # Whichever is read first would take the whole stream, the other nothing.
+        (["rank", "--edges", "-", "--events", "-"], "name the same input"),
+        (["rank", "--edges", "{good}", "--algorithm", "hits", "--tolerance", "1e-300"],
+         "at least 1e-12 for HITS"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(
@@ -150,7 +157,9 @@ def test_bad_input_is_one_line_exit_2(
     (tmp_path / "badevents.jsonl").write_text('{"type":"page","url":"https://a.org/","links":[]}\n{')
     (tmp_path / "late.tsv").write_bytes(b"a\tb\n" * 3000 + b"x\xff\ty\n")
     (tmp_path / "cut.tsv.gz").write_bytes(gzip.compress(b"a\tb\n" * 50_000)[:-40])
+    (tmp_path / "endless.tsv").write_bytes(b"\0" * (3 << 20))
     paths = {
+        "{endless}": str(tmp_path / "endless.tsv"),
         "{late}": str(tmp_path / "late.tsv"),
         "{truncated}": str(tmp_path / "cut.tsv.gz"),
         "{bad}": str(tmp_path / "bad.tsv"),
@@ -165,6 +174,33 @@ def test_bad_input_is_one_line_exit_2(
     assert message in err
     assert len(err.strip().splitlines()) == 1
     assert "Traceback" not in err
+
+
+def test_events_report_how_many_were_applied_and_how_many_were_stale(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "stale.jsonl"
+    log.write_text("".join(json.dumps({"type": "page", "url": "https://a.org/", "ts": ts,
+                                       "links": [f"https://b.org/{ts}"]}) + "\n"
+                           for ts in (2000, 1000, 3000, 1500)))
+    assert main(["rank", "--events", str(log)]) == 0
+    captured = capsys.readouterr()
+    assert "events: 2 applied, 2 stale ignored" in captured.err
+    assert "https://b.org/3000\t0.2775" in captured.out  # the newest crawl's link
+    assert "b.org/1000" not in captured.out and "b.org/1500" not in captured.out
+
+
+def test_a_failed_write_of_the_output_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class FullDisk:
+        def write(self, text: str) -> int:
+            raise OSError(28, "No space left on device")
+
+    (tmp_path / "good.tsv").write_text(FIG2)
+    monkeypatch.setattr("sys.stdout", FullDisk())
+    assert main(["rank", "--edges", str(tmp_path / "good.tsv")]) == 2
+    assert capsys.readouterr().err == "rankstream rank: error: No space left on device\n"
 
 
 @pytest.mark.parametrize(

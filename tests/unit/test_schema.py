@@ -119,7 +119,7 @@ def test_ts_forms(ts: int | str, millis: int) -> None:
         (b"[1, 2]", "not a JSON object: got array"),
         (b'"page"', "not a JSON object: got string"),
         (b"{}", "missing field: type"),
-        (b'{"type": "crawl"}', "unknown type: crawl (expected one of page, link_added, "
+        (b'{"type": "crawl"}', "unknown type: \"crawl\" (expected one of page, link_added, "
                               "link_removed, page_removed)"),
         (b'{"type": "page", "links": []}', "missing field: url"),
         (b'{"type": "page", "url": "http://a/"}', "missing field: links"),
@@ -147,7 +147,14 @@ def test_ts_forms(ts: int | str, millis: int) -> None:
         (b'{"type": "page_removed", "url": "http://a/", "v": 2}',
          "unsupported version: 2 (supported: 1)"),
         (b'{"type": "page_removed", "url": "http://a/", "v": "1"}',
-         "unsupported version: '1' (supported: 1)"),
+         "unsupported version: \"1\" (supported: 1)"),
+        # A reason is one line of bounded length, in JSON spelling: the value given
+        # used to be copied whole, newlines and terminal escapes included.
+        (b'{"type": "x\\ny\\u001b[31m' + b"z" * 500 + b'"}',
+         'unknown type: "x\\ny\\u001b[31m' + 'z' * 25 + '... (expected one of page, '
+         'link_added, link_removed, page_removed)'),
+        (b'{"type": null}', "unknown type: null (expected one of page, link_added, "
+                            "link_removed, page_removed)"),
         (b'{"type": "page_removed", "url": "http://a/", "ts": true}',
          "bad ts: expected epoch ms (int) or ISO 8601 string, got boolean"),
         (b'{"type": "page_removed", "url": "http://a/", "ts": 1.5}',
