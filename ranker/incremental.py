@@ -163,9 +163,11 @@ class LiveRanks:
                 start[: given.size] = given
                 # A warm vector is only a first guess (the refresh certifies the result),
                 # but a NaN or inf in it would spread through every sweep and never be
-                # repaired; such entries, and negative ones, which no exact score is,
-                # start from 0 instead.
-                start[~(np.isfinite(start) & (start >= 0.0))] = 0.0
+                # repaired, and 1e20 cancelled every other score to rounding noise;
+                # such entries, and those no exact score can be (negative, or above
+                # the live page count: sum(y) is at most that), start from 0 instead.
+                live_count = float(self.graph.num_live)
+                start[~(np.isfinite(start) & (start >= 0.0) & (start <= live_count))] = 0.0
                 engine.load(start)
                 reports[name] = engine.refresh()
         return reports

@@ -368,8 +368,11 @@ class Refresh:
         # The certificate counts the rounding drift the kept r cannot show.
         e.bound = (self.l1 + e.drift) / (1.0 - d)
         max_abs = min(max_abs_bound(self.peak, self.y_max, d) + e.drift / (1.0 - d), e.bound)
+        # The bound, drift included, not l1: a warm start of 1e20 cancelled to a zero
+        # kept residual and a negative total, with everything in the drift, and was
+        # called fresh.
         relative = (e.bound / self.total if self.total > 0
-                    else (0.0 if self.l1 == 0 else np.inf))
+                    else (0.0 if e.bound == 0 else np.inf))
         fresh = relative <= self.tol and max_abs <= e.error_cap
         return RefreshReport(
             algorithm=e.algorithm, fresh=bool(fresh), bound=e.bound, total=self.total,

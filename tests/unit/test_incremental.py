@@ -368,6 +368,21 @@ def test_a_warm_start_repairs_non_finite_and_negative_entries() -> None:
         assert np.abs(ranks.scores(name) - exact).sum() <= report.bound + 1e-9 * exact.sum()
 
 
+@pytest.mark.parametrize("huge", [1e20, 1e300])
+def test_a_warm_start_with_scores_no_page_can_have_is_repaired_not_called_fresh(
+        huge: float) -> None:
+    # One bogus published score (ZADD ... 1e20) reached a restarted consumer's warm
+    # start: cancellation left a zero kept residual, a negative total and everything in
+    # the drift, and the report called that fresh.
+    graph = copying_model_graph(300, 6.0, seed=3).to_linkgraph()
+    ranks = LiveRanks(graph, tolerance=1e-6)
+    warm = np.full(graph.num_ids, huge)
+    for name, report in ranks.cold_start(warm={"pagerank": warm, "wpr": warm}).items():
+        exact = exact_scores(graph, name)
+        assert report.fresh and report.total > 0, name
+        assert np.abs(ranks.scores(name) - exact).sum() <= report.bound + 1e-9 * exact.sum()
+
+
 def test_bad_arguments_are_input_errors() -> None:
     with pytest.raises(InputError):
         LiveRanks(algorithms=("hits",))
