@@ -31,6 +31,8 @@ from contextlib import contextmanager
 
 import numba
 
+from ranker import _split_sweep
+
 # CPU seconds per wall second during two-thread sweeps below which the second core is
 # taken (idle 1.7-2.1, with a busy loop beside the run 1.0-1.5; session 21).
 SHARED_CORES = 1.6
@@ -61,11 +63,16 @@ class ThreadGuard:
         return self.clock() < self.until
 
     @contextmanager
-    def kernel_threads(self) -> Iterator[None]:
-        """Around an absorb or a refresh: its kernels on one thread while paused. The
-        calling thread's limit is restored afterwards, whatever was decided inside."""
+    def kernel_threads(self, pages: int) -> Iterator[None]:
+        """Around an absorb or a refresh over ``pages`` pages: its kernels on one thread
+        while paused, or on a graph below :data:`ranker._split_sweep.SPLIT_MIN_PAGES`.
+        There a parallel region shares out microseconds of work and, when the second
+        core is taken, waits for it: on the 530-page docs graph under load an absorb
+        took 100-575 ms on two threads against 0.4-1.3 ms on one (a review's
+        measurement); and no sweep is timed there to notice. The calling thread's
+        limit is restored afterwards, whatever was decided inside."""
         limit = numba.get_num_threads()
-        if limit > 1 and self.paused():
+        if limit > 1 and (pages < _split_sweep.SPLIT_MIN_PAGES or self.paused()):
             numba.set_num_threads(1)
         try:
             yield

@@ -139,7 +139,7 @@ class LiveRanks:
         graph = self.graph
         n = graph.num_ids
         live = graph.live_mask()
-        with self.thread_guard.kernel_threads():  # one while the second core is taken
+        with self.thread_guard.kernel_threads(n):  # one while the second core is taken
             for name, engine in self.engines.items():
                 vector = None if warm is None else warm.get(name)
                 if vector is None:
@@ -191,7 +191,7 @@ class LiveRanks:
         a refresh costs about the same after one batch as after a few, and a WPR
         residual that needs recomputing from scratch is recomputed once for them all.
         """
-        with self.thread_guard.kernel_threads():  # one while the second core is taken
+        with self.thread_guard.kernel_threads(self.graph.num_ids):  # (and on small graphs)
             graph = self.graph
             sources, targets = self._changing_links(batch)
             cols = {name: e.columns(sources, targets) for name, e in self.engines.items()}

@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 import scipy.sparse as sp
 
-from ranker.bounds import probability_bound, static_bound
+from ranker.bounds import probability_bound
 from ranker.results import RankResult
 from rankstream.errors import ConvergenceError, InputError
 
@@ -187,8 +187,7 @@ def solve_fixed_point(
     slow ``d^k`` decay of a wrong total (170 -> 28 sweeps at 1M pages, uniform graph).
 
     Returns ``(y, ||r(y)||_1, sweeps)`` with the residual measured on the returned
-    ``y`` (up to rounding when it was rescaled), not on the next iterate; ``tol``
-    holds for :func:`ranker.bounds.static_bound`, which adds rounding's share.
+    ``y`` (up to rounding when it was rescaled), not on the next iterate.
     Raises :class:`ConvergenceError` after ``max_iter`` sweeps or on a stall.
     """
     y = base / (1.0 - damping) if start is None else start
@@ -212,12 +211,12 @@ def solve_fixed_point(
                 y *= scale
                 image *= scale
                 residual = scaled_residual
-        if residual / (1.0 - damping) <= tol and static_bound(residual, damping, y) <= tol:
+        if residual / (1.0 - damping) <= tol:
             return y, residual, sweep
         if residual < best_residual:
             best_residual, best_sweep = residual, sweep
         elif sweep - best_sweep >= STALL_SWEEPS:
-            bound = static_bound(best_residual, damping, y)
+            bound = best_residual / (1.0 - damping)
             raise ConvergenceError(
                 f"{algorithm} stalled at certified L1 bound {bound:.3g} > tol={tol:g} after "
                 f"{sweep} sweeps (floating-point floor; loosen tol)",
@@ -315,7 +314,7 @@ def pagerank(
         damped, base, damping=d, tol=tol, max_iter=max_iter, start=warm, algorithm="pagerank"
     )
     total = float(y.sum())
-    bound = static_bound(residual, d, y)
+    bound = residual / (1.0 - d)
     if scale == "probability":
         if total > 0.0:
             return RankResult(y / total, sweeps, residual, probability_bound(bound, total), total)

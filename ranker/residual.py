@@ -447,5 +447,5 @@ class ResidualEngine:
         :data:`ranker.refresh.PRIORITY_START`); the report is then honest about what
         was reached, and counts passes as sweeps.
         """
-        with self.thread_guard.kernel_threads():
+        with self.thread_guard.kernel_threads(self.graph.num_ids):
             return Refresh(self, mode, tolerance, max_sweeps).run()

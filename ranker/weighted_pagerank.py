@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ranker.bounds import static_bound
 from ranker.pagerank import (
     check_alive,
     check_damping,
@@ -116,4 +115,4 @@ def weighted_pagerank(
         damped, base, damping=d, tol=tol, max_iter=max_iter, start=warm,
         algorithm="weighted_pagerank",
     )
-    return RankResult(y, sweeps, residual, static_bound(residual, d, y), float(y.sum()))
+    return RankResult(y, sweeps, residual, residual / (1.0 - d), float(y.sum()))

@@ -449,21 +449,26 @@ def test_thread_guard_pauses_two_threads_while_the_process_lacks_a_core() -> Non
         pytest.skip("one kernel thread only")
     now = [0.0]
     guard = ThreadGuard(clock=lambda: now[0])
+    large = SS.SPLIT_MIN_PAGES  # a graph large enough for two threads
     before = numba.get_num_threads()
-    with guard.kernel_threads():
+    with guard.kernel_threads(large):
         assert numba.get_num_threads() == before
         wall = TG.JUDGED_WALL / 2
         assert guard.timed(wall, 0.0)  # too short to judge yet: CPU clocks move in ticks
         assert not guard.timed(wall, 2 * wall)  # judged together: one core of two
         assert guard.paused() and numba.get_num_threads() == 1
     assert numba.get_num_threads() == before  # the caller's limit, whatever happened
-    with guard.kernel_threads():
+    with guard.kernel_threads(large):
         assert numba.get_num_threads() == 1  # paused: one kernel thread from the start
     now[0] = TG.PAUSE_SECONDS
-    with guard.kernel_threads():
+    with guard.kernel_threads(large):
         assert numba.get_num_threads() == before  # tried again
         assert guard.timed(TG.JUDGED_WALL, TG.SHARED_CORES * TG.JUDGED_WALL)
         assert not guard.paused()
+    # A small graph's kernels always run on one thread: there two only add waiting.
+    with guard.kernel_threads(large - 1):
+        assert numba.get_num_threads() == 1
+    assert numba.get_num_threads() == before
 
 
 def test_refresh_goes_on_with_one_thread_when_a_core_is_taken() -> None:
