@@ -38,7 +38,12 @@ class LiveRanks:
 
     Args:
         graph: the graph to rank (a new empty one by default); LiveRanks owns it
-            from now on: change it only through :meth:`apply`.
+            from now on: change it only through :meth:`apply` (or :meth:`absorb`).
+            Reports certify the graph as of the last batch absorbed: a page interned
+            since (the consumer plans the next batch while a refresh runs) counts as
+            live in a refresh, but its score and residual follow only when its batch
+            is absorbed (a review's repro: a refresh in between called fresh a vector
+            0.15 per such page from the graph's live set).
         algorithms: any of "pagerank", "wpr".
         damping: ``d``.
         tolerance: RELATIVE certified L1 bound: fresh means
