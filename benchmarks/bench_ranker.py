@@ -18,7 +18,8 @@ batches: "incr" is calibrated the way our cold solve is (the loosest ``max_error
 of a ladder whose MEASURED error stays within the accuracy, found on untimed
 warm-up batches of the same size; the measured error of every timed batch is
 printed and flagged if over), "incr-c" certifies the accuracy itself
-(``max_error=accuracy``).
+(``max_error=accuracy``). A timed batch of either over the accuracy makes the run
+exit with status 1, naming the rows on its last line.
 
 Competitors, timed in the same run on the same graph state:
 - our cold solve (``ranker.pagerank`` / ``ranker.weighted_pagerank``) at the
@@ -35,6 +36,7 @@ incremental refresh stops beating our cold solve.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -46,7 +48,15 @@ import igraph
 import networkx as nx
 import numpy as np
 
-from benchmarks.ranker_table import HEADER, LEGEND, Row, crossover, format_row, row_details
+from benchmarks.ranker_table import (
+    HEADER,
+    LEGEND,
+    Row,
+    crossover,
+    format_row,
+    over_accuracy,
+    row_details,
+)
 from ranker import _kernels as K
 from ranker import _scaled_sweep as SK
 from ranker import _split_sweep as SS
@@ -74,12 +84,15 @@ LOOSE_TOLERANCE = 1e-2  # relative L1 tolerance, loose so that max_error alone d
 # error hardly depends on the batch.
 CALIBRATION_MARGIN = 0.5
 NX_LADDER = [10.0**k for k in range(-4, -15, -1)]
+# Graphs up to this many links are compared link by link (check_identical), larger
+# ones by their counts only.
+CHECKSUM_MAX_LINKS = 1_000_000
 DOCS_FILE = "python-docs-links.tsv.gz"
 
 
 @dataclass
 class Setup:
-    """A graph under test: two identical LinkGraphs (one per engine) and its edges."""
+    """A graph under test: ``build`` makes one identical LinkGraph per engine."""
 
     name: str
     build: Callable[[], LinkGraph]
@@ -274,37 +287,81 @@ def _padded(vector: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
-def calibrate_incremental(lane: Lane, probe: LinkGraph, size: int, accuracy: float,
-                          rng: np.random.Generator, warmups: int) -> None:
-    """Loosest ``max_error`` of the ladder whose MEASURED error stays within ``accuracy``.
+def calibrate_incremental(lanes: Sequence[Lane], probe: LinkGraph, size: int,
+                          accuracy: float, rng: np.random.Generator, warmups: int) -> None:
+    """Each lane's loosest ``max_error`` of the ladder whose MEASURED error stays within
+    ``accuracy``.
 
     (Within ``CALIBRATION_MARGIN * accuracy`` on the warm-ups, to leave room for
     the batch-to-batch variance of the timed ones.)
 
-    Tried loosest first on ``warmups`` fresh batches of ``size`` each (untimed; every
-    engine absorbs them, so all graphs stay identical); a setting that overshoots
-    once is rejected and the engine restarts from the exact vector. The engine keeps
-    the state its chosen setting left: the timed batches start from that setting's
-    own steady state, as a live stream would.
+    Every lane tries the ladder loosest first, on ``warmups`` fresh batches of
+    ``size`` each (untimed); a setting that overshoots once is rejected and that
+    engine restarts from the exact vector. The lanes calibrate side by side, and
+    every warm-up batch goes to EVERY lane's engines, calibrating or done, so all
+    graphs stay identical to ``probe`` (which the batches are drawn from). An engine
+    keeps the state its chosen setting left (done lanes keep absorbing at their
+    setting): the timed batches start from that setting's own steady state, as a
+    live stream would.
     """
-    a = lane.algorithm
-    ranks = lane.calibrated
-    for factor in INC_LADDER:
-        setting = accuracy * factor
+    ladders = {lane.algorithm: iter(INC_LADDER) for lane in lanes}
+    passed = dict.fromkeys(ladders, 0)
+
+    def next_setting(lane: Lane) -> bool:
+        """Move ``lane`` to its next ladder step; False when the ladder is used up."""
+        a = lane.algorithm
+        factor = next(ladders[a], None)
+        if factor is None:
+            lane.setting = accuracy  # the certified setting (cannot exceed, but is checked)
+            lane.calibrated.engines[a].max_error = accuracy
+            return False
+        lane.setting = accuracy * factor
         # Same engine, new setting: what it learnt about the graph (when to go global
         # at once, whether sweeps over-relax) carries over, as in a live stream.
-        ranks.engines[a].max_error = setting
-        ranks.cold_start(warm={a: lane.reference})
-        ok = True
-        for _ in range(warmups):
-            lane.feed(random_edit_batch(probe, size, rng))
+        lane.calibrated.engines[a].max_error = lane.setting
+        lane.calibrated.cold_start(warm={a: lane.reference})
+        passed[a] = 0
+        return True
+
+    calibrating = [lane for lane in lanes if next_setting(lane) and warmups > 0]
+    while calibrating:
+        batch = random_edit_batch(probe, size, rng)
+        for lane in lanes:
+            lane.feed(batch)
+        still = []
+        for lane in calibrating:
+            a = lane.algorithm
             if max_abs(lane.calibrated, a, lane.reference) > CALIBRATION_MARGIN * accuracy:
-                ok = False
-                break
-        if ok:
-            lane.setting = setting
-            return
-    lane.setting = accuracy  # the certified setting (cannot exceed, but is checked)
+                if next_setting(lane):
+                    still.append(lane)
+            else:
+                passed[a] += 1
+                if passed[a] < warmups:
+                    still.append(lane)
+        calibrating = still
+
+
+def check_identical(graphs: Sequence[LinkGraph]) -> None:
+    """Fail unless every graph under test holds the same pages and links (every batch
+    went to each of them). Counts always; the edges' digest up to CHECKSUM_MAX_LINKS."""
+    shapes = {(g.num_ids, g.num_live, g.num_links) for g in graphs}
+    if len(shapes) != 1:
+        raise AssertionError(f"the graphs under test drifted apart: (ids, live, links) "
+                             f"{sorted(shapes)}")
+    if graphs[0].num_links <= CHECKSUM_MAX_LINKS:
+        digests = {_edge_digest(g) for g in graphs}
+        if len(digests) != 1:
+            raise AssertionError("the graphs under test drifted apart: same counts, "
+                                 "different links")
+
+
+def _edge_digest(graph: LinkGraph) -> str:
+    """Digest of the live mask and the links (CSR: grouped by source, sorted)."""
+    matrix = graph.to_csr()
+    digest = hashlib.sha256(graph.live_mask().tobytes())
+    digest.update(np.asarray(matrix.indptr, dtype=np.int64).tobytes())
+    digest.update(np.asarray(matrix.indices, dtype=np.int64).tobytes())
+    return digest.hexdigest()
 
 
 def run_graph(setup: Setup, accuracy: float, repeats: int, seed: int, warmups: int
@@ -348,9 +405,10 @@ def run_graph(setup: Setup, accuracy: float, repeats: int, seed: int, warmups: i
             continue
         batch_rows = {a: Row(setup.name, a, size, accuracy=accuracy, pages=probe.num_live)
                       for a in ALGORITHMS}
+        calibrate_incremental(list(lanes.values()), probe, size, accuracy, rng, warmups)
         for a in ALGORITHMS:
-            calibrate_incremental(lanes[a], probe, size, accuracy, rng, warmups)
             batch_rows[a].setting = lanes[a].setting
+        check_identical(list(graphs.values()))
         for _ in range(repeats if size < 100_000 else 1):
             batch = random_edit_batch(probe, size, rng)
             for a in ALGORITHMS:
@@ -366,6 +424,7 @@ def run_graph(setup: Setup, accuracy: float, repeats: int, seed: int, warmups: i
                 row.certified.append(reports["incr-c"].max_abs_bound)
                 row.pushes.append(reports["incr"].pushes)
                 row.moved.append(int((moved > accuracy).sum()))
+        check_identical(list(graphs.values()))  # probe is what the competitors time
         for a in ALGORITHMS:
             batch_rows[a].cold = time_cold(probe, a, cold_tol[a])
             batch_rows[a].cold_certified = time_cold(probe, a, accuracy)
@@ -471,6 +530,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         for algorithm in ALGORITHMS:
             print(f"crossover {setup.name} {algorithm}: incremental stops beating our cold "
                   f"solve at batch {crossover(rows, setup.name, algorithm)}")
+    over = [f"{row.graph} {row.algorithm} {row.batch} ({variant} "
+            f"{max(row.errors if variant == 'incr' else row.errors_c):.2g})"
+            for row in rows for variant in over_accuracy(row)]
+    if over:
+        print(f"FAILED: measured max-abs error over the accuracy {args.accuracy:g} in "
+              f"{len(over)} timed row(s): {'; '.join(over)}")
+        return 1
+    print(f"every timed batch's measured error (incr and incr-c) is within the accuracy "
+          f"{args.accuracy:g}")
     return 0
 
 
