@@ -38,8 +38,9 @@ from tests.faults.summary import record
 
 ROOT = Path(__file__).resolve().parents[2]
 CANARY = Path("/tmp/rankstream-fuzz-canary")
-CATEGORIES = ("message too large", "not UTF-8", "malformed JSON", "not a JSON object",
-              "missing field", "unknown type", "unsupported version", "wrong type",
+CATEGORIES = ("empty message", "message too large", "not UTF-8", "malformed JSON",
+              "not a JSON object", "missing field", "unknown type", "unsupported version",
+              "wrong type",
               "bad url", "url too long", "disallowed scheme", "too many links", "bad ts",
               "bad text")
 LIMITS = Limits(max_url_length=120, max_links_per_page=12, max_message_bytes=4096)
