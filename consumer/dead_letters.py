@@ -148,7 +148,12 @@ class DeadLetterSender:
         room = self.max_value_bytes - len(key or b"") - sum(
             len(name) + len(value) for name, value in headers)
         value = letter.record.value
-        if value is not None and len(value) > room:
+        if value is None:
+            # A tombstone: kafka-python refuses to send one without a key (an
+            # AssertionError that stopped the consumer at it on every start).
+            headers.append(("tombstone", b"1"))
+            value = b""
+        if len(value) > room:
             headers.append(("truncated", str(len(value)).encode()))
             value = value[:max(room - 64, 0)]  # the header just added
         return self._producer.send(self.topic, value=value, key=key, headers=headers)

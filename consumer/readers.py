@@ -49,6 +49,14 @@ def stored_data(what: str) -> Iterator[None]:
         raise ServiceError(f"unexpected data in Redis while {what}: {exc}") from exc
 
 
+def _not_nan(value: Any, name: str) -> float:
+    """A stored bound: inf means nothing certified yet, NaN is never written."""
+    number = float(value)
+    if math.isnan(number):
+        raise ValueError(f"{name} is nan")
+    return number
+
+
 def _finite(value: Any, name: str) -> float:
     number = float(value)
     if not math.isfinite(number):
@@ -92,6 +100,7 @@ class Meta:
     damping: float = 0.0
     scale: str = "paper"
     pages: int = 0
+    stored_relative: float | None = None  # the hash's relative_bound, as published
 
     @classmethod
     def from_hash(cls, algorithm: str, raw: Mapping[str, str]) -> Meta:
@@ -99,9 +108,7 @@ class Meta:
         :func:`stored_data`."""
         if not raw:
             return cls(algorithm, published=False)
-        bound = float(raw.get("bound", "inf"))
-        if math.isnan(bound):
-            raise ValueError("bound is nan")
+        bound = _not_nan(raw.get("bound", "inf"), "bound")
         return cls(
             algorithm=algorithm,
             published=True,
@@ -115,12 +122,17 @@ class Meta:
             damping=_finite(raw.get("damping", 0.0), "damping"),
             scale=raw.get("scale", "paper"),
             pages=int(raw.get("pages", 0)),
+            stored_relative=(_not_nan(raw["relative_bound"], "relative_bound")
+                             if "relative_bound" in raw else None),
         )
 
     @property
     def relative_bound(self) -> float:
         """The bound as a share of sum(y): what ``tolerance`` is compared with, and the
-        L1 bound on the probability scale (x = y / sum(y))."""
+        L1 bound on the probability scale (x = y / sum(y)). The publisher's own figure
+        (:func:`consumer.publication.meta_fields`) when the hash has one."""
+        if self.stored_relative is not None:
+            return self.stored_relative
         return self.bound / self.total if self.total > 0 else float("inf")
 
     def describe(self) -> str:

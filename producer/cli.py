@@ -42,7 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--synthetic", type=int, metavar="N",
         help="send N events of a seeded web-like stream instead of a file",
     )
-    parser.add_argument("--seed", type=int, default=0, help="synthetic stream seed (default 0)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="synthetic stream seed (default 0); every seed reuses the same "
+                        "URLs and timestamps from 2026-01-01, so a second stream into the "
+                        "same graph has many of its page events ignored as stale: use "
+                        "another RANKSTREAM_KEY_PREFIX and topic for it")
     parser.add_argument(
         "--links-per-page", type=float, default=10.0, metavar="K",
         help="mean links per synthetic page (default 10)",
@@ -59,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> None:
     if args.synthetic is not None and args.synthetic < 0:
         raise InputError(f"--synthetic must be >= 0, got {args.synthetic}")
+    if args.seed < 0:  # numpy's generator refuses it, after the topics were created
+        raise InputError(f"--seed must be >= 0, got {args.seed}")
     if not 0 < args.links_per_page < math.inf:  # NaN fails this too
         raise InputError(f"--links-per-page must be > 0, got {args.links_per_page}")
     if args.file is not None:

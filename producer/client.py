@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from producer.schema import DEFAULT_LIMITS, Event, Limits, encode_event, event_key, make_event
-from rankstream.errors import InputError, ServiceError, ServiceUnavailable
+from rankstream.errors import ConfigError, InputError, ServiceError, ServiceUnavailable
 
 __all__ = ["LinkPublisher"]
 
@@ -70,11 +70,15 @@ class LinkPublisher:
             delivery_timeout_ms: how long a message may wait for its acknowledgement,
                 retries included, before it counts as failed.
             max_block_ms: how long ``publish_*`` may block for metadata (for example a
-                missing topic: topics are not auto-created) or for buffer space.
+                missing topic: topics are not auto-created). kafka-python 2.3 has no
+                bounded buffer: while the broker is slow, unacknowledged events queue
+                in memory until ``delivery_timeout_ms`` fails them; call
+                :meth:`flush` now and then for back-pressure.
             idempotent: idempotent producer (needs ``acks="all"``, which we always use).
         """
         from kafka import KafkaProducer
         from kafka.errors import KafkaError
+        from kafka.util import ensure_valid_topic_name
 
         if isinstance(bootstrap, str):
             servers = [part.strip() for part in bootstrap.split(",") if part.strip()]
@@ -90,11 +94,19 @@ class LinkPublisher:
         self._lock = threading.Lock()
         self._closed = False
         try:
+            ensure_valid_topic_name(topic)
+        except (ValueError, TypeError) as exc:  # found only by the first send otherwise
+            raise ConfigError(f"bad topic name: {exc}") from exc
+        try:
             self._producer = KafkaProducer(
                 bootstrap_servers=servers,
                 client_id=client_id,
                 acks="all",
                 enable_idempotence=idempotent,
+                # One request in flight per broker: kafka-python's idempotent producer
+                # requires it, and without idempotence it is what keeps retries from
+                # reordering one key's events (the default is 5).
+                max_in_flight_requests_per_connection=1,
                 linger_ms=linger_ms,
                 batch_size=batch_size,
                 compression_type=compression_type,
@@ -250,8 +262,16 @@ class LinkPublisher:
                 self._producer.close(timeout=0 if timeout is None else min(timeout, 5.0))
             except KafkaError as exc:
                 # kafka-python's close flushes again, and raises while events are still
-                # unconfirmed. After a failed flush, the flush's ServiceError (which
-                # counts them) is the one that propagates.
+                # unconfirmed, before it stops its I/O thread: that thread and its
+                # sockets would live on (one more per outage in a long-running
+                # crawler), and could still deliver events the caller had re-sent
+                # through a new publisher. Stop it here (a private attribute of
+                # kafka-python 2.x, which has no public way). After a failed flush, the
+                # flush's ServiceError (which counts the events) is the one that
+                # propagates.
+                sender = getattr(self._producer, "_sender", None)
+                if sender is not None and sender.is_alive():
+                    sender.force_close()
                 if flushed:
                     raise ServiceError(f"closing the producer of {self.topic}: {exc!r}"
                                        ) from exc

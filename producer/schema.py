@@ -190,6 +190,8 @@ def _parse_ts(value: object) -> int | None:
         if not 0 <= millis <= _MAX_TS_MS:
             _fail("bad ts", f"{value[:40]!r} out of range (1970 to 9999 UTC)")
         return _not_ahead(millis, repr(value[:40]))
+    if type(value) is _HugeInteger:
+        _fail("bad ts", "integer out of range (epoch milliseconds expected)")
     _fail("bad ts", f"expected epoch ms (int) or ISO 8601 string, got {_json_type(value)}")
 
 
@@ -211,7 +213,8 @@ def _shown(value: object, limit: int = 40) -> str:
 
 
 def _json_type(value: object) -> str:
-    names = {str: "string", int: "integer", float: "number", bool: "boolean",
+    names = {str: "string", int: "integer", _HugeInteger: "integer", float: "number",
+             bool: "boolean",
              list: "array", dict: "object", type(None): "null"}
     return names.get(type(value), type(value).__name__)
 
@@ -372,7 +375,11 @@ def _integer(digits: str) -> int | float:
     # Python refuses to parse integers of more than 4,300 digits (a ValueError that
     # would reject the whole event). Such a number can only be a bad `ts` (refused as
     # out of range once it is inf) or sit in an extra field, which is ignored.
-    return int(digits) if len(digits) <= 4000 else float(digits)
+    return int(digits) if len(digits) <= 4000 else _HugeInteger(digits)
+
+
+class _HugeInteger(float):
+    """An integer of thousands of digits, kept as the float it rounds to (inf)."""
 
 
 # Built once: json.loads would build a new decoder per call when given parse_constant.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -73,8 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = _build_parser(args_list)  # imports the command's module: ^C may land here
         args = parser.parse_args(args_list)
         command = f" {args.command}"
-        if sys.stdout is None:  # started with stdout closed (`>&-`)
-            raise RankstreamError("standard output is closed")
+        if sys.stdout is None:  # started with stdout closed (`>&-`): a daemon may be
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (lives as long as we do)
         from rankstream.settings import load_settings  # pydantic: inside the ^C handler
 
         settings = load_settings()
@@ -88,9 +89,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         # `rankstream rank ... | head` closes our stdout early; that is not an error.
         return 0
-    except OSError as exc:  # writing the output failed: a full disk, a closed stdout
-        sys.stderr.write(f"rankstream{command}: error: {exc.strerror or exc}\n")
-        return EXIT_USAGE
     return code
 
 

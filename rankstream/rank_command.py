@@ -9,6 +9,7 @@ command doubles as the reference the streaming pipeline is tested against;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from rankstream.edgelist import read_edges
-from rankstream.errors import ConvergenceError, InputError
+from rankstream.errors import ConvergenceError, InputError, RankstreamError
 from rankstream.settings import Settings
 
 if TYPE_CHECKING:
@@ -118,7 +119,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             sys.stderr.write("verify: HITS has no incremental path; the scores are a cold "
                              f"solve (tolerance {tolerance:g})\n")
         alive = graph.live_mask()
-        _print_hits(graph, result.hubs, result.authorities, alive, args.top)
+        with _output_errors():
+            _print_hits(graph, result.hubs, result.authorities, alive, args.top)
         return 0
 
     ranks = LiveRanks(
@@ -168,8 +170,20 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.scale == "probability":
         total = ranks.total(args.algorithm)
         scores = scores / total if total > 0 else scores
-    _print_scores(graph, scores, alive, args.top)
+    with _output_errors():
+        _print_scores(graph, scores, alive, args.top)
     return 0
+
+
+@contextlib.contextmanager
+def _output_errors() -> Iterator[None]:
+    """A failed write of the ranking (a full disk under ``> out.tsv``) is one line."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise  # `| head`: the command line ends quietly
+    except OSError as exc:
+        raise RankstreamError(f"cannot write the output: {exc.strerror or exc}") from exc
 
 
 def _edge_batches(

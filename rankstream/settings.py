@@ -13,7 +13,7 @@ import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import (
     Field,
@@ -187,19 +187,24 @@ class Settings(BaseSettings):
 
         Why: the password then lives only in the SecretStr (masked in ``repr`` and never
         printed); in the URL it showed in ``repr(settings)`` and ``rankstream services
-        env``. As with redis-py's own reading of a URL, credentials in the URL win.
+        env``. As with redis-py's own reading of a URL, credentials in the URL win (an
+        empty password, which redis-py ignores, leaves the setting's). Only the userinfo
+        (``redis://user:password@host``, also ``rediss://`` and ``unix://``) is moved: a
+        ``?password=`` query parameter, which redis-py also reads, stays in the URL.
         """
         if not isinstance(data, dict) or not isinstance(data.get("redis_url"), str):
             return data
         url = urlsplit(data["redis_url"])
-        if url.scheme not in {"redis", "rediss"} or "@" not in url.netloc:
+        if url.scheme not in {"redis", "rediss", "unix"} or "@" not in url.netloc:
             return data
-        userinfo, _, hostport = url.netloc.rpartition("@")
-        username, colon, password = userinfo.partition(":")
-        data = {**data, "redis_url": urlunsplit(url._replace(netloc=hostport))}
+        userinfo = url.netloc.rpartition("@")[0]
+        username, _, password = userinfo.partition(":")
+        start = data["redis_url"].index("//") + 2  # the netloc, which starts "userinfo@"
+        rest = data["redis_url"][start + len(userinfo) + 1:]
+        data = {**data, "redis_url": data["redis_url"][:start] + rest}
         if username:
             data["redis_username"] = unquote(username)
-        if colon:
+        if password:  # redis-py ignores an empty one too
             data["redis_password"] = unquote(password)
         return data
 

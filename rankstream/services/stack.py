@@ -438,4 +438,11 @@ def env_lines(settings: Settings) -> list[str]:
         "CACHE_DIR": str(settings.cache_dir),
         "STATE_DIR": str(settings.state_dir),
     }
-    return [f"export RANKSTREAM_{key}={shlex.quote(value)}" for key, value in values.items()]
+    if settings.redis_username:
+        values["REDIS_USERNAME"] = settings.redis_username
+    lines = [f"export RANKSTREAM_{key}={shlex.quote(value)}" for key, value in values.items()]
+    if settings.redis_password is not None:
+        # Credentials given in the URL live in the password setting now, and a secret
+        # is never printed: without this line the exported URL silently lost it.
+        lines.append("# the Redis password is not exported: set RANKSTREAM_REDIS_PASSWORD")
+    return lines

@@ -377,3 +377,32 @@ def test_readers_give_up_on_a_stalled_redis_in_seconds_not_minutes():
     consumer = connect_redis(settings).connection_pool.connection_kwargs
     assert reader["socket_timeout"] == 5.0 and reader["retry"].get_retries() == 1
     assert consumer["socket_timeout"] == 30.0 and consumer["retry"].get_retries() == 3
+
+
+def test_a_keyless_tombstone_is_dead_lettered_with_an_empty_value_and_a_header():
+    # kafka-python refuses to send a record with neither key nor value: the
+    # AssertionError stopped the consumer at that record on every start.
+    sent = []
+
+    class Producer:
+        def send(self, topic, value, key, headers):
+            assert key is not None or value is not None, "Need at least one: key or value"
+            sent.append((value, dict(headers)))
+            return None
+
+    sender = DeadLetterSender.__new__(DeadLetterSender)
+    sender.topic, sender.source_topic, sender.max_value_bytes = "dlq", "events", 1 << 20
+    sender._producer = Producer()
+    sender._send_one(DeadLetter(Record(0, 5, None, None, 0), "empty message: a tombstone"))
+    assert sent == [(b"", {**dict(sent[0][1]), "tombstone": b"1"})]
+    assert sent[0][1]["error"] == b"empty message: a tombstone"
+
+
+def test_meta_takes_the_published_relative_bound_as_it_was_published():
+    from consumer.readers import Meta
+
+    empty = Meta.from_hash("pagerank", {"bound": "0.0", "total": "0.0", "relative_bound": "0.0",
+                                        "fresh": "1"})
+    assert empty.relative_bound == 0.0 and empty.as_dict()["relative_bound"] == 0.0
+    older = Meta.from_hash("pagerank", {"bound": "2.0", "total": "4.0"})  # no field: derived
+    assert older.relative_bound == 0.5

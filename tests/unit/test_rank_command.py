@@ -140,6 +140,7 @@ def test_demo_events_replay_verifies(capsys: pytest.CaptureFixture[str]) -> None
         (["rank", "--edges", "{late}"], "late.tsv:3001: not UTF-8"),
         (["rank", "--edges", "{truncated}"], "cut.tsv.gz:"),
         (["produce", "--synthetic", "5", "--links-per-page", "nan"], "--links-per-page"),
+        (["produce", "--synthetic", "5", "--seed", "-5"], "--seed must be >= 0"),
         # An endless line is refused by its number, not read whole into memory.
         (["rank", "--edges", "{endless}"], "endless.tsv:1: line longer than 1048576 bytes"),
         (["rank", "--edges", "{good}", "--batch-size", str(10**20)], "--batch-size must be"),
@@ -200,7 +201,8 @@ def test_a_failed_write_of_the_output_is_one_line_exit_2(
     (tmp_path / "good.tsv").write_text(FIG2)
     monkeypatch.setattr("sys.stdout", FullDisk())
     assert main(["rank", "--edges", str(tmp_path / "good.tsv")]) == 2
-    assert capsys.readouterr().err == "rankstream rank: error: No space left on device\n"
+    assert capsys.readouterr().err == (
+        "rankstream rank: error: cannot write the output: No space left on device\n")
 
 
 @pytest.mark.parametrize(
@@ -299,3 +301,12 @@ def test_the_settings_floor_of_the_tolerance_follows_the_damping_as_the_engines(
     assert load_settings(damping=damping, tolerance=floor).tolerance == floor
     with pytest.raises(ConfigError, match="bad setting RANKSTREAM_TOLERANCE: "):
         load_settings(damping=damping, tolerance=floor * (1 - 1e-9))
+
+
+def test_a_bad_topic_name_is_a_config_error_before_any_connection() -> None:
+    from producer.client import LinkPublisher
+    from rankstream.errors import ConfigError
+
+    # Port 9 (discard): nothing is contacted, the name is checked first.
+    with pytest.raises(ConfigError, match="bad topic name"):
+        LinkPublisher("127.0.0.1:9", "bad topic")

@@ -346,3 +346,18 @@ def test_credentials_in_the_redis_url_move_into_their_own_settings_and_are_never
     only = load_settings(redis_url="rediss://:pw@host:6380/0", redis_username="me")
     assert (only.redis_url, only.redis_username) == ("rediss://host:6380/0", "me")
     assert only.redis_password is not None and only.redis_password.get_secret_value() == "pw"
+
+
+def test_odd_redis_urls_keep_their_credentials_out_and_their_address_whole():
+    unix = load_settings(redis_url="unix://:pw@/tmp/redis.sock")
+    assert unix.redis_url == "unix:///tmp/redis.sock"
+    assert unix.redis_password is not None and unix.redis_password.get_secret_value() == "pw"
+    # An empty password in the URL is ignored, as redis-py ignores it.
+    kept = load_settings(redis_url="redis://u:@h:6379/0", redis_password="x")
+    assert kept.redis_password is not None and kept.redis_password.get_secret_value() == "x"
+    ipv6 = load_settings(redis_url="redis://a:b%40c@[::1]:6379/2")
+    assert (ipv6.redis_url, ipv6.redis_username) == ("redis://[::1]:6379/2", "a")
+    lines = stack.env_lines(ipv6)
+    assert "export RANKSTREAM_REDIS_USERNAME=a" in lines
+    assert lines[-1] == "# the Redis password is not exported: set RANKSTREAM_REDIS_PASSWORD"
+    assert not any("b@c" in line for line in lines)
