@@ -7,7 +7,10 @@ Each dead letter keeps the original key and value and carries headers:
 * ``truncated``: only when the original did not fit in a DLQ message; the value
   then holds the first bytes and this header the original length;
 * ``key_truncated``: the same for a key longer than :data:`KEY_LIMIT` (the broker
-  only bounds the compressed size, so a key can decompress to megabytes).
+  only bounds the compressed size, so a key can decompress to megabytes);
+* ``tombstone``: ``1`` when the original had a null value (a tombstone); the dead
+  letter's value is then empty, as kafka-python cannot send a record with neither
+  key nor value.
 
 The value's room is what the topic accepts minus the key and the headers. If the
 broker still refuses a letter as too large (a dead-letter topic created elsewhere

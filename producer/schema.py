@@ -374,7 +374,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _integer(digits: str) -> int | float:
     # Python refuses to parse integers of more than 4,300 digits (a ValueError that
     # would reject the whole event). Such a number can only be a bad `ts` (refused as
-    # out of range once it is inf) or sit in an extra field, which is ignored.
+    # out of range, by its type) or sit in an extra field, which is ignored.
     return int(digits) if len(digits) <= 4000 else _HugeInteger(digits)
 
 
