@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from producer.schema import Event, Limits, PageEvent, iter_events
-from rankstream.errors import InputError
+from rankstream.errors import InputError, ServiceError
 from rankstream.input_files import check_readable
 from rankstream.settings import Settings
 
@@ -146,18 +146,33 @@ def replay(settings: Settings, events: Iterable[Event], *, topic: str,
 
     sent = links = 0
     started = time.monotonic()
-    with LinkPublisher.from_settings(settings, topic=topic) as publisher:
-        try:
-            for event in _progress(events, total):
-                publisher.publish_event(event)
-                sent += 1
-                if isinstance(event, PageEvent):
-                    links += len(event.links)
-        except InputError as exc:
-            publisher.flush()
-            where = position.where if position is not None and exc.where is None else None
-            raise InputError(f"{exc}; stopped there, {sent} event(s) before it were sent",
-                             where=where) from exc
+    publisher = LinkPublisher.from_settings(settings, topic=topic)
+    try:
+        with publisher:
+            try:
+                for event in _progress(events, total):
+                    publisher.publish_event(event)
+                    sent += 1
+                    if isinstance(event, PageEvent):
+                        links += len(event.links)
+            except InputError as exc:
+                where = position.where if position is not None and exc.where is None else None
+                delivery = ""
+                try:
+                    publisher.flush()
+                except ServiceError as failed:  # both facts, the bad line first
+                    delivery = f" (and {failed})"
+                raise InputError(f"{exc}; stopped there, {sent} event(s) before it were "
+                                 f"sent{delivery}", where=where) from exc
+    except KeyboardInterrupt:
+        # The publisher's exit waited for the events sent so far: say how they fared.
+        sys.stderr.write(f"produce: interrupted after {sent} event(s) sent, "
+                         f"{publisher.delivered} acknowledged\n")
+        raise
+    except ServiceError as exc:
+        where = f" at {position.where}" if position is not None and position.where else ""
+        raise type(exc)(f"{exc} (after {sent} event(s) sent{where}, "
+                        f"{publisher.delivered} acknowledged)") from exc
     return ReplaySummary(topic, sent, links, time.monotonic() - started)
 
 

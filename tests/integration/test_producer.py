@@ -195,3 +195,23 @@ def test_a_line_too_large_once_encoded_is_named_by_file_and_line(isolated: Isola
         cli.run(produce_args(str(log)), settings)
     assert str(info.value).startswith(f"{log}:2: message too large: ")
     assert str(info.value).endswith("; stopped there, 1 event(s) before it were sent")
+
+
+def test_a_delivery_failure_during_produce_says_how_far_it_got(services: Settings,
+                                                               tmp_path: Path) -> None:
+    topic = f"test.producer.small.{uuid.uuid4().hex[:8]}"
+    options = kafka_client_options(services)
+    ensure_topics(services.kafka_bootstrap, [TopicSpec(topic, 1, {"max.message.bytes": "1000"})],
+                  **options)
+    try:
+        small = b'{"type":"link_added","src":"https://a.example/","dst":"https://b.example/"}'
+        big = ('{"type":"page","url":"https://a.example/","links":['
+               + ",".join(f'"https://a.example/{i:04d}"' for i in range(100)) + "]}").encode()
+        log = tmp_path / "events.jsonl"
+        log.write_bytes(b"\n".join([small, small, big]))
+        # (The small events may share the big one's batch, and its refusal.)
+        with pytest.raises(ServiceError, match=r"not delivered.*\(after 3 event\(s\) sent at "
+                                               r".*events\.jsonl:3, \d acknowledged\)"):
+            cli.run(produce_args(str(log), "--topic", topic, "--no-create-topics"), services)
+    finally:
+        delete_topics(services.kafka_bootstrap, [topic], **options)
