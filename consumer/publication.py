@@ -25,12 +25,17 @@ def is_fresh(report_fresh: bool, bound: float, tolerance: float, total: float) -
             and bound <= tolerance * total)
 
 
+def relative_bound(bound: float, total: float) -> float:
+    """The bound as a share of sum(y), as published: 0 for an empty, exact vector."""
+    return bound / total if total > 0 else (0.0 if bound == 0 else float("inf"))
+
+
 def meta_fields(*, total: float, bound: float, tolerance: float, fresh: bool, version: int,
                 refreshed_at: str, offsets: Mapping[str, int], damping: float, pages: int,
                 mode: str, engine_bound: float | None = None, publication: str = ""
                 ) -> dict[str, str]:
     """The ``P meta:{alg}`` hash (all strings; floats in repr for full precision)."""
-    relative = bound / total if total > 0 else (0.0 if bound == 0 else float("inf"))
+    relative = relative_bound(bound, total)
     return {
         "total": repr(float(total)),
         "bound": repr(float(bound)),

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import redis
 
 from consumer.keys import ALGORITHMS, Keys
+from consumer.publication import relative_bound
 from consumer.redis_store import redis_errors
 from rankstream.errors import InputError, ServiceError
 
@@ -133,7 +134,7 @@ class Meta:
         (:func:`consumer.publication.meta_fields`) when the hash has one."""
         if self.stored_relative is not None:
             return self.stored_relative
-        return self.bound / self.total if self.total > 0 else float("inf")
+        return relative_bound(self.bound, self.total)
 
     def describe(self) -> str:
         """One line on freshness: the absolute bound beside a relative tolerance made an

@@ -287,9 +287,8 @@ class LinkGraph:
         # Removed, then revived by an insertion of this batch: new to readers too.
         was_live[np.isin(candidates, removed)] = False
         new_pages = candidates[self._live[candidates] & ~was_live].astype(np.int32)
-        pools = self._pool_bytes()
         if self._garbage > max(self._out_used + self._in_used, 1 << 16) // 2 or compaction_due(
-                pools=pools, per_page=self.memory_bytes() - pools, links=self.num_links):
+                pools=self._pool_bytes(), per_page=self._per_page_bytes(), links=self.num_links):
             self.compact()
         return AppliedBatch(ins_src, ins_dst, del_src.astype(np.int32), del_dst.astype(np.int32),
                             removed.astype(np.int32), new_pages)
@@ -425,9 +424,13 @@ class LinkGraph:
     def memory_bytes(self) -> int:
         """Bytes the graph holds, key strings excluded: the adjacency and per-page
         arrays (allocated capacity, not use) and the key table (:meth:`key_table_bytes`)."""
+        return self._per_page_bytes() + self._pool_bytes()
+
+    def _per_page_bytes(self) -> int:
+        """The per-page arrays and the key table: what grows with pages, not links."""
         arrays = (self._live, self.out_start, self.out_len, self.out_cap, self.in_start,
                   self.in_len, self.in_cap)
-        return int(sum(a.nbytes for a in arrays)) + self._pool_bytes() + self.key_table_bytes()
+        return int(sum(a.nbytes for a in arrays)) + self.key_table_bytes()
 
     def key_table_bytes(self) -> int:
         """Bytes of the key table (:func:`ranker.graph_memory.key_table_bytes`)."""
