@@ -60,14 +60,17 @@ class Mirror:
     # What the live score ZSETs held at load (by id, 0 = absent), so the publisher
     # need not rewrite them from scratch; empty when loaded with another warm start.
     published: dict[str, np.ndarray] = field(default_factory=dict)
-    # Live flags of the ids the engines have absorbed, as of the last absorb: what a
-    # publication covers. The next batch is planned (new URLs interned, removed pages
-    # revived) while the engines refresh, and none of that is committed yet.
-    absorbed_live: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     @property
     def graph(self) -> Any:
         return self.ranks.graph
+
+    @property
+    def absorbed_live(self) -> np.ndarray:
+        """Live flags of the ids the engines have absorbed: what a publication covers.
+        The next batch is planned (new URLs interned, removed pages revived) while the
+        engines refresh, and none of that is committed yet."""
+        return self.ranks.absorbed_live
 
     @classmethod
     def load(cls, client: redis.Redis, keys: Keys, settings: Settings,
@@ -135,7 +138,7 @@ class Mirror:
         return cls(ranks=ranks, applier=EventApplier(graph, last_ts), removed_flag=removed_flag,
                    counters=counters, offsets=dict(stored.offsets), topic=settings.topic,
                    load_seconds=time.perf_counter() - started, start_reports=reports,
-                   published=published, absorbed_live=graph.live_mask())
+                   published=published)
 
     def stored_state(self) -> StoredState:
         """What Redis holds once every planned batch has committed (for snapshots)."""
@@ -211,7 +214,6 @@ class Mirror:
         self.removed_flag[batch.revived_ids] = False
         self.ranks.absorb(batch.applied.batch)
         self.removed_flag[batch.removed_ids] = True
-        self.absorbed_live = self.graph.live_mask()
         self.counters = batch.write.counters
         self.offsets.update(batch.partition_offsets)
         if self.graph.num_links != self.counters.links:

@@ -303,10 +303,8 @@ class ScorePublisher:
                 self._back[algorithm] = ZsetRecord()
             back = self._back[algorithm]
             y = np.asarray(ranks.scores(algorithm))[:n]
-            # sum(y) over the pages published, not the engine's: a refresh that
-            # recomputed its residual while the next batch was planned counted the
-            # pages that plan interned or revived (y = 1-d each, isolated until their
-            # batch is absorbed, so no other score depends on them).
+            # sum(y) over exactly the pages published: the bound is relative to it.
+            # (The engine's total covers the same pages, those of the last absorb.)
             total = float(np.sum(y, where=live))
             allowed = self.tolerance * total
             budget = max(0.0, min(self.budget_fraction * allowed, allowed - float(report.bound)))

@@ -39,11 +39,10 @@ class LiveRanks:
     Args:
         graph: the graph to rank (a new empty one by default); LiveRanks owns it
             from now on: change it only through :meth:`apply` (or :meth:`absorb`).
-            Reports certify the graph as of the last batch absorbed: a page interned
-            since (the consumer plans the next batch while a refresh runs) counts as
-            live in a refresh, but its score and residual follow only when its batch
-            is absorbed (a review's repro: a refresh in between called fresh a vector
-            0.15 per such page from the graph's live set).
+            Reports certify the graph as of the last batch absorbed
+            (:attr:`absorbed_live`): a page interned or revived since (the consumer
+            plans the next batch while a refresh runs) joins the scores, the totals
+            and the bounds when its batch is absorbed.
         algorithms: any of "pagerank", "wpr".
         damping: ``d``.
         tolerance: RELATIVE certified L1 bound: fresh means
@@ -116,6 +115,12 @@ class LiveRanks:
     def scores(self, algorithm: str) -> np.ndarray:
         """Paper-scale ``y`` by page id (a view of length ``graph.num_ids``)."""
         return self._engine(algorithm).y[: self.graph.num_ids]
+
+    @property
+    def absorbed_live(self) -> np.ndarray:
+        """Live flags by id as of the last absorbed batch (or cold start): the pages
+        the scores and reports cover. Shared with the engines: do not modify."""
+        return next(iter(self.engines.values())).live
 
     def total(self, algorithm: str) -> float:
         """``sum(y)`` as of the last refresh."""

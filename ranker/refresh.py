@@ -91,10 +91,10 @@ class Refresh:
         self.tol = e.tolerance if tolerance is None else float(tolerance)
         self.capped = max_sweeps is not None
         g = e.graph
-        # Pages [0, n) only: the consumer's main thread may intern more ids while this
-        # runs on the ranker thread, and the arrays were not grown for those.
-        self.n = g.num_ids
-        e.ensure(self.n)
+        # The pages of the last absorb only (ResidualEngine.live): the consumer's main
+        # thread may intern or revive pages while this runs on the ranker thread.
+        self.n = e.live.size
+        e.ensure(g.num_ids)  # so that scores() covers those pages too (with y = 0)
         if e.stale:
             e.recompute()
         d = e.damping
@@ -102,7 +102,7 @@ class Refresh:
         e.pending_work = 0
         self.work = self.change
         self.pushes = self.sweeps = self.global_work = 0
-        self.live_count = max(g.num_live, 1)
+        self.live_count = max(e.live_count, 1)
         # b alone gives sum(y) >= (1 - d) * live pages, a safe floor before y settles.
         self.total = max(e.total, (1.0 - d) * self.live_count)
         # y grows where links were added; the threshold is re-derived from the exact
@@ -346,7 +346,6 @@ class Refresh:
     def report(self) -> RefreshReport:
         """Settle ``y``, learn for the next refresh, and report what was reached."""
         e = self.engine
-        g = e.graph
         n = self.n
         d = e.damping
         self.unscale()
@@ -362,7 +361,7 @@ class Refresh:
         if not self.lowered and self.l1 < 0.25 * self.target:
             e.eps_scale *= 2.0  # plenty of room: push less next time
         moved = K.collect_moved(numba.get_num_threads(), e.touched, e.qstate, e.is_touched,
-                                g.live_mask(), e.y, e.published, e.publish_threshold)
+                                e.live, e.y, e.published, e.publish_threshold)
         e.total = self.total
         e.y_max = self.y_max
         # The certificate counts the rounding drift the kept r cannot show.

@@ -287,6 +287,42 @@ def test_removed_page_scores_zero_and_revival_restores_it() -> None:
     assert c in reports["pagerank"].moved_ids.tolist()
 
 
+@pytest.mark.parametrize("stale", [False, True])
+def test_a_refresh_between_planning_and_absorbing_certifies_the_absorbed_graph(
+        stale: bool) -> None:
+    # The consumer plans its next batch (interning and reviving pages) while the
+    # engines refresh. Those pages joined the refresh's live set, not y's residual:
+    # a review's repro called fresh a vector 0.15 per such page off.
+    graph = LinkGraph.from_edges([s for s, _ in FIG2], [d for _, d in FIG2])
+    ranks = LiveRanks(graph, tolerance=1e-12)
+    ranks.cold_start()
+    c = graph.intern("C")
+    ranks.apply(EdgeBatch(removed_pages=np.array([c])))
+    absorbed = ranks.absorbed_live.copy()
+    exact = {name: exact_scores(graph, name) for name in ranks.engines}
+    new = graph.intern_many([f"new{i}" for i in range(40)])
+    assert graph.intern("C") == c and graph.is_live(c)  # revived by planning
+    for engine in ranks.engines.values():
+        engine.stale = stale  # the drift guard's recomputation, in between
+    reports = ranks.refresh()
+    assert (ranks.absorbed_live == absorbed).all()
+    for name, report in reports.items():
+        y = ranks.scores(name)
+        assert report.fresh
+        assert (y[new] == 0.0).all() and y[c] == 0.0
+        assert not np.isin(report.moved_ids, np.append(new, c)).any()
+        assert np.abs(y[: absorbed.size] - exact[name]).sum() <= report.bound + 1e-12
+        assert report.total == pytest.approx(y.sum(), rel=1e-12)
+    # Their batch absorbed, they count.
+    a = graph.intern("A")
+    reports = ranks.apply(EdgeBatch(insert_src=np.append(new, c), insert_dst=np.full(41, a)))
+    assert ranks.absorbed_live.size == graph.num_ids and ranks.absorbed_live[new].all()
+    for name, report in reports.items():
+        y = ranks.scores(name)
+        assert report.fresh
+        assert np.abs(y - exact_scores(graph, name)).sum() <= report.bound + 1e-12
+
+
 def test_many_new_pages_grow_every_array() -> None:
     graph = LinkGraph.from_edges(["a"], ["b"])
     ranks = LiveRanks(graph, tolerance=1e-10)
