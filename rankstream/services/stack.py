@@ -292,10 +292,7 @@ def _kafka_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) ->
         if not _proc.is_loopback(broker.host) or opts.get("security_protocol") != "PLAINTEXT":
             raise ServiceError(f"Kafka at {broker.bootstrap} does not answer, and we only start "
                                "a PLAINTEXT broker on loopback: start yours or fix the settings")
-        if not (broker.libs_dir / ".complete").is_file():
-            log(f"fetching Kafka {broker.version} from Maven Central (once) into "
-                f"{broker.libs_dir}")
-            fetch_kafka(svc.cache_dir, broker.version, install_tools=install)
+        fetch_kafka(svc.cache_dir, broker.version, install_tools=install, log=log)
         java = java_binary(install=install)
         log(f"starting Kafka {broker.version} (KRaft) on {broker.bootstrap}")
         pid = start_kafka(broker, java=java, timeout=timeout)

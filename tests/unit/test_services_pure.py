@@ -218,6 +218,51 @@ def _our_broker(tmp_path: Path, *, started_on: int, configured: int) -> stack.Lo
     return svc
 
 
+def test_cached_kafka_jars_are_checked_against_the_hashes_taken_at_fetch(
+    tmp_path: Path,
+) -> None:
+    """The cache used to list jar names only: a truncated or replaced jar, or one
+    dropped into libs/ (the classpath is libs/*), was used for good."""
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    assert kafka.jars_problem(libs) == "not fetched yet"
+    for name in ("a.jar", "b.jar"):
+        (libs / name).write_bytes(name.encode() * 1000)
+    (libs / ".complete").write_text("a.jar\nb.jar\n")  # what older versions wrote
+    assert kafka.jars_problem(libs) == "cached before jar hashes were recorded"
+    (libs / ".complete").write_text("".join(
+        f"{kafka._sha256(libs / n)}  {n}\n" for n in ("a.jar", "b.jar")))
+    assert kafka.jars_problem(libs) is None
+    (libs / "extra.jar").write_bytes(b"x")
+    assert kafka.jars_problem(libs) == "1 jar(s) added or missing since the fetch: extra.jar"
+    (libs / "extra.jar").unlink()
+    (libs / "b.jar").write_bytes(b"truncated")
+    assert kafka.jars_problem(libs) == "1 jar(s) changed since the fetch: b.jar"
+
+
+def test_a_bad_jar_cache_is_fetched_again_and_says_why(tmp_path: Path) -> None:
+    libs = kafka.libs_dir_for(tmp_path, "9.9.9")
+    libs.mkdir(parents=True)
+    (libs / "kafka_2.13-9.9.9.jar").write_bytes(b"old")
+    (libs / ".complete").write_text("kafka_2.13-9.9.9.jar\n")
+
+    def maven(argv: list[str], **_: object) -> None:
+        out = Path(next(a for a in argv if a.startswith("-DoutputDirectory="))
+                   .partition("=")[2])
+        out.mkdir()
+        (out / "kafka_2.13-9.9.9.jar").write_bytes(b"new")
+
+    said: list[str] = []
+    with mock.patch.object(kafka._proc, "require_binary", return_value="mvn"), \
+            mock.patch.object(kafka._proc, "run_checked", side_effect=maven):
+        assert kafka.fetch_kafka(tmp_path, "9.9.9", log=said.append) == libs
+        assert kafka.fetch_kafka(tmp_path, "9.9.9", log=said.append) == libs  # cached now
+    assert said == [f"fetching Kafka 9.9.9 from Maven Central into {libs} "
+                    "(cached before jar hashes were recorded)"]
+    assert (libs / "kafka_2.13-9.9.9.jar").read_bytes() == b"new"
+    assert kafka.jars_problem(libs) is None
+
+
 def test_kafka_listen_address_is_read_back_from_the_config_we_wrote(tmp_path: Path) -> None:
     svc = _our_broker(tmp_path, started_on=19092, configured=19092)
     assert kafka.kafka_listen_address(svc.kafka) == svc.kafka.bootstrap == "127.0.0.1:19092"
