@@ -73,8 +73,8 @@ from consumer.redis_store import connect_redis, load_stored
 from consumer.service import ConsumerService
 from consumer.snapshot import leave_snapshot, snapshot_path
 from rankstream.services import up
-from rankstream.services.kafka import delete_topics, ensure_topics
-from rankstream.services.stack import kafka_client_options, topic_specs
+from rankstream.services.kafka import delete_topics
+from rankstream.services.stack import ensure_settings_topics, kafka_client_options
 from rankstream.services.testing import delete_keys
 from rankstream.settings import Settings, load_settings
 
@@ -383,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                        "dlq_topic": f"bench.pipeline.{token}.dlq",
                                        "key_prefix": f"bench:{token}:"})
     options = kafka_client_options(settings)
-    ensure_topics(settings.kafka_bootstrap, topic_specs(settings), **options)
+    ensure_settings_topics(settings)
     client = connect_redis(settings)
     try:
         say(f"generating {args.events:,} page events (+ the latency phase's) ...")

@@ -34,7 +34,7 @@ import redis
 
 from consumer.keys import Keys
 from consumer.resp import command, pooled_connection, set_commands, transaction
-from ranker.edge_batches import sorted_unique
+from ranker.edge_batches import pair_keys, sorted_unique, split_pair_keys
 
 HSET_CHUNK = 1000  # field/value pairs per HSET
 MEMBER_CHUNK = 4000  # members per SADD/SREM: no single command holds Redis long
@@ -128,14 +128,6 @@ class GraphWrite:
         return int(self.delete_src.size + self.insert_src.size)
 
 
-def _pair_keys(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    return (src.astype(np.int64) << 32) | dst.astype(np.int64)
-
-
-def _split_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return (keys >> 32).astype(np.int32), (keys & 0xFFFFFFFF).astype(np.int32)
-
-
 @dataclass(frozen=True)
 class PlannedLinks:
     """Exact net link changes of a batch against the mirror (before it is applied)."""
@@ -163,15 +155,15 @@ def plan_links(graph: Any, batch: Any) -> PlannedLinks:
         out_deg = graph.out_len[removed].astype(np.int64)
         in_deg = graph.in_len[removed].astype(np.int64)
         rem_keys = sorted_unique(np.concatenate([
-            _pair_keys(np.repeat(removed, out_deg), graph.gather_out(removed)),
-            _pair_keys(graph.gather_in(removed), np.repeat(removed, in_deg)),
+            pair_keys(np.repeat(removed, out_deg), graph.gather_out(removed)),
+            pair_keys(graph.gather_in(removed), np.repeat(removed, in_deg)),
         ]))
     else:
         rem_keys = np.zeros(0, dtype=np.int64)
     del_keys = np.zeros(0, dtype=np.int64)
     if batch.delete_src.size:
         present = graph.links_exist(batch.delete_src, batch.delete_dst)
-        del_keys = sorted_unique(_pair_keys(batch.delete_src[present], batch.delete_dst[present]))
+        del_keys = sorted_unique(pair_keys(batch.delete_src[present], batch.delete_dst[present]))
         del_keys = np.setdiff1d(del_keys, rem_keys, assume_unique=True)
     all_del = sorted_unique(np.concatenate([rem_keys, del_keys]))
     ins_keys = np.zeros(0, dtype=np.int64)
@@ -179,7 +171,7 @@ def plan_links(graph: Any, batch: Any) -> PlannedLinks:
         keep = batch.insert_src != batch.insert_dst
         src, dst = batch.insert_src[keep], batch.insert_dst[keep]
         present = graph.links_exist(src, dst)
-        keys = _pair_keys(src, dst)
+        keys = pair_keys(src, dst)
         still_there = present & ~np.isin(keys, all_del)
         ins_keys = sorted_unique(keys[~still_there])
     # A link deleted and re-inserted in one batch is no change at all.
@@ -187,8 +179,8 @@ def plan_links(graph: Any, batch: Any) -> PlannedLinks:
     if back.size:
         ins_keys = np.setdiff1d(ins_keys, back, assume_unique=True)
         all_del = np.setdiff1d(all_del, back, assume_unique=True)
-    del_src, del_dst = _split_keys(all_del)
-    ins_src, ins_dst = _split_keys(ins_keys)
+    del_src, del_dst = split_pair_keys(all_del)
+    ins_src, ins_dst = split_pair_keys(ins_keys)
     return PlannedLinks(del_src, del_dst, ins_src, ins_dst, removed.astype(np.int32),
                         int(graph.num_links) - int(all_del.size) + int(ins_keys.size))
 

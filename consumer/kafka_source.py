@@ -74,14 +74,6 @@ def kafka_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
-def ensure_topics(settings: Settings) -> None:
-    """Create the event and dead-letter topics if missing (idempotent)."""
-    from rankstream.services.kafka import ensure_topics as create
-    from rankstream.services.stack import kafka_client_options, topic_specs
-
-    create(settings.kafka_bootstrap, topic_specs(settings), **kafka_client_options(settings))
-
-
 @dataclass(frozen=True)
 class Record:
     """One consumed message, reduced to what the consumer uses."""

@@ -18,7 +18,7 @@ import redis
 
 from consumer.keys import ALGORITHMS, Keys
 from consumer.publication import relative_bound
-from consumer.redis_store import redis_errors
+from consumer.redis_store import decoded, decoded_hash, redis_errors
 from rankstream.errors import InputError, ServiceError
 
 Scale = Literal["paper", "probability"]
@@ -30,14 +30,6 @@ def _check_algorithm(algorithm: str) -> None:
     if algorithm not in ALGORITHMS:
         raise InputError(f"unknown algorithm {algorithm!r} (choose from {', '.join(ALGORITHMS)})",
                          where="algorithm")
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-def _decode_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
-    return {_text(k): _text(v) for k, v in raw.items()}
 
 
 @contextlib.contextmanager
@@ -167,7 +159,7 @@ def meta(client: redis.Redis, prefix: str, algorithm: str) -> Meta:
     with redis_errors("reading the score meta"):
         raw = client.hgetall(Keys(prefix).meta(algorithm))
     with stored_data(f"reading the {algorithm} meta"):
-        return Meta.from_hash(algorithm, _decode_hash(raw))
+        return Meta.from_hash(algorithm, decoded_hash(raw))
 
 
 def top(client: redis.Redis, prefix: str, algorithm: str = "pagerank", k: int = 10,
@@ -196,11 +188,11 @@ def top_with_meta(client: redis.Redis, prefix: str, algorithm: str = "pagerank",
         pipe.hgetall(keys.meta(algorithm))
         rows, meta_raw = pipe.execute()
     with stored_data(f"reading the {algorithm} top pages"):
-        info = Meta.from_hash(algorithm, _decode_hash(meta_raw))
+        info = Meta.from_hash(algorithm, decoded_hash(meta_raw))
         divisor = 1.0
         if scale == "probability" and rows:
             divisor = _probability_divisor(algorithm, info.total)
-        return [(_text(url), _finite(value, "a score") / divisor) for url, value in rows], info
+        return [(decoded(url), _finite(value, "a score") / divisor) for url, value in rows], info
 
 
 def score(client: redis.Redis, prefix: str, url: str, algorithm: str = "pagerank",
@@ -225,7 +217,7 @@ def score_with_meta(client: redis.Redis, prefix: str, url: str, algorithm: str =
         pipe.hgetall(keys.meta(algorithm))
         value, meta_raw = pipe.execute()
     with stored_data(f"reading a {algorithm} score"):
-        info = Meta.from_hash(algorithm, _decode_hash(meta_raw))
+        info = Meta.from_hash(algorithm, decoded_hash(meta_raw))
         if value is None:
             return None, info
         divisor = _probability_divisor(algorithm, info.total) if scale == "probability" else 1.0
@@ -240,11 +232,6 @@ def _probability_divisor(algorithm: str, total: float) -> float:
         raise ServiceError(f"the {algorithm} meta has no positive total, which the "
                            "probability scale divides by")
     return total
-
-
-def scores_of(client: redis.Redis, prefix: str, url: str) -> dict[str, float | None]:
-    """A URL's score under every algorithm (paper scale)."""
-    return {algorithm: score(client, prefix, url, algorithm) for algorithm in ALGORITHMS}
 
 
 def status(client: redis.Redis, prefix: str) -> dict[str, Any]:
@@ -265,7 +252,7 @@ def status(client: redis.Redis, prefix: str) -> dict[str, Any]:
 
 
 def _status_dict(prefix: str, replies: list[Any]) -> dict[str, Any]:
-    consumer = _decode_hash(replies[0])
+    consumer = decoded_hash(replies[0])
     for name in ("lag", "bound", "fresh"):
         if name in consumer:
             with contextlib.suppress(ValueError):
@@ -280,16 +267,16 @@ def _status_dict(prefix: str, replies: list[Any]) -> dict[str, Any]:
         if isinstance(lock, dict):
             lock.pop("token", None)
         else:  # not the lease's JSON object: shown as it is
-            lock = {"raw": _text(lock_raw)}
+            lock = {"raw": decoded(lock_raw)}
     return {
         "prefix": prefix,
         "consumer": consumer,
         "running": lock is not None,
         "lock": lock,
-        "graph": {k: int(v) for k, v in _decode_hash(replies[1]).items()},
-        "offsets": {k: int(v) for k, v in _decode_hash(replies[2]).items()},
+        "graph": {k: int(v) for k, v in decoded_hash(replies[1]).items()},
+        "offsets": {k: int(v) for k, v in decoded_hash(replies[2]).items()},
         "algorithms": {
-            algorithm: Meta.from_hash(algorithm, _decode_hash(raw)).as_dict()
+            algorithm: Meta.from_hash(algorithm, decoded_hash(raw)).as_dict()
             for algorithm, raw in zip(ALGORITHMS, replies[4:], strict=True)
         },
     }

@@ -9,7 +9,6 @@ counters, and the last published score vectors (warm start).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -92,6 +91,16 @@ def redis_errors(what: str) -> Iterator[None]:
         raise ServiceUnavailable(f"redis unavailable while {what}: {exc}") from exc
     except redis.RedisError as exc:
         raise ServiceError(f"redis error while {what}: {exc}") from exc
+
+
+def decoded(value: Any) -> str:
+    """A reply of a client without ``decode_responses``, as text."""
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def decoded_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
+    """An HGETALL reply of such a client, as text."""
+    return {decoded(k): decoded(v) for k, v in raw.items()}
 
 
 @dataclass
@@ -192,12 +201,3 @@ def load_published(client: redis.Redis, keys: Keys, url_to_id: Any, num_ids: int
             if seen:
                 warm[algorithm] = vector
     return warm
-
-
-def read_meta_offsets(client: redis.Redis, keys: Keys, algorithm: str) -> dict[str, int]:
-    """The offsets the published scores of ``algorithm`` reflect ({} if never published)."""
-    with redis_errors("reading the score meta"):
-        raw = client.hget(keys.meta(algorithm), "offsets")
-    if not raw:
-        return {}
-    return {str(k): int(v) for k, v in json.loads(raw).items()}

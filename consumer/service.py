@@ -43,7 +43,7 @@ from consumer.cpython_tuning import tune_garbage_collector, tune_gil_switching
 from consumer.dead_letters import DeadLetterSender
 from consumer.graph_write import commit_graph
 from consumer.jsonlog import safe_address
-from consumer.kafka_source import KafkaSource, ensure_topics
+from consumer.kafka_source import KafkaSource
 from consumer.keys import Keys
 from consumer.lock import ConsumerLock
 from consumer.mirror import Mirror, PlannedBatch
@@ -58,6 +58,7 @@ from consumer.snapshot import leave_snapshot, snapshot_path
 from consumer.stats import ConsumerStats, catching_up, lag_by_partition
 from consumer.status_writer import StatusWriter
 from ranker import set_kernel_threads
+from rankstream.services.stack import ensure_settings_topics
 from rankstream.settings import Settings
 
 log = logging.getLogger("rankstream.consumer")
@@ -152,7 +153,7 @@ class ConsumerService:
         log.info("consumer starting", extra={"fields": {
             "redis": safe_address(settings.redis_url), "kafka": settings.kafka_bootstrap,
             "topic": settings.topic, "prefix": settings.key_prefix, "pid": self.stats.pid}})
-        retry("creating topics", lambda: ensure_topics(settings))
+        retry("creating topics", lambda: ensure_settings_topics(settings))
         self.mirror = retry("loading the mirror", lambda: Mirror.load(
             self.redis, self.keys, settings, snapshot=self.snapshot))
         tune_garbage_collector()
@@ -290,7 +291,6 @@ class ConsumerService:
             assert dlq is not None
             letters = batch.letters
             self.recovery.retry("sending dead letters", lambda: dlq.send(letters))
-            self.stats.dlq_sent += len(letters)
         t_sent = time.perf_counter()
         # The previous batch's refresh: its reports, and a publication if one is due
         # (its scores copied before the engines take this batch). While catching up,

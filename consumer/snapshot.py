@@ -42,7 +42,7 @@ import numpy as np
 
 from consumer.graph_write import GraphCounters
 from consumer.keys import ALGORITHMS, Keys
-from consumer.redis_store import StoredState, redis_errors, topic_offsets
+from consumer.redis_store import StoredState, decoded_hash, redis_errors, topic_offsets
 from rankstream.errors import RankstreamError
 from rankstream.settings import Settings
 
@@ -65,11 +65,6 @@ class Identity:
                            "publications": self.publications}, sort_keys=True)
 
 
-def _text(raw: Mapping[Any, Any]) -> dict[str, str]:
-    return {(k.decode() if isinstance(k, bytes) else str(k)):
-            (v.decode() if isinstance(v, bytes) else str(v)) for k, v in raw.items()}
-
-
 def read_identity(client: Any, keys: Keys) -> Identity:
     """The stored identity, in one pipelined round trip."""
     with redis_errors("reading the stored identity"):
@@ -79,7 +74,7 @@ def read_identity(client: Any, keys: Keys) -> Identity:
         for algorithm in ALGORITHMS:
             pipe.hget(keys.meta(algorithm), "publication")
         graph, offsets, *publications = pipe.execute()
-    return Identity(_text(graph), _text(offsets),
+    return Identity(decoded_hash(graph), decoded_hash(offsets),
                     {a: (p or b"").decode() for a, p in zip(ALGORITHMS, publications,
                                                            strict=True)})
 

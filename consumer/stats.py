@@ -97,7 +97,6 @@ class ConsumerStats:
     batches: int = 0
     events: int = 0  # messages consumed (valid and invalid)
     link_changes: int = 0
-    dlq_sent: int = 0  # this process (the graph hash holds the all-time count)
     retries: int = 0
     last_batch_seconds: float = 0.0
     last_refresh_at: str = ""

@@ -28,7 +28,7 @@ from rankstream.errors import InputError, ServiceError
 from rankstream.input_files import check_readable
 from rankstream.settings import Settings
 
-__all__ = ["LogPosition", "ReplaySummary", "add_arguments", "create_topics", "log_events",
+__all__ = ["LogPosition", "ReplaySummary", "add_arguments", "log_events",
            "replay", "run"]
 
 
@@ -113,7 +113,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     _check(args)
     topic = args.topic or settings.topic
     if not args.no_create_topics:
-        create_topics(settings.model_copy(update={"topic": topic}))
+        from rankstream.services.stack import ensure_settings_topics
+
+        ensure_settings_topics(settings.model_copy(update={"topic": topic}))
     position = LogPosition()
     events, total = _events(args, Limits.from_settings(settings), position)
     summary = replay(settings, events, topic=topic, total=total, position=position)
@@ -175,14 +177,3 @@ def replay(settings: Settings, events: Iterable[Event], *, topic: str,
                         f"{publisher.delivered} acknowledged)") from exc
     return ReplaySummary(topic, sent, links, time.monotonic() - started)
 
-
-def create_topics(settings: Settings) -> None:
-    """Create the event and dead-letter topics if missing (the broker does not).
-
-    No broker is a ServiceUnavailable, another refusal a ServiceError.
-    """
-    from rankstream.services.kafka import ensure_topics
-    from rankstream.services.stack import kafka_client_options, topic_specs
-
-    ensure_topics(settings.kafka_bootstrap, topic_specs(settings),
-                  **kafka_client_options(settings))

@@ -86,15 +86,15 @@ class AppliedBatch:
     removed_pages: np.ndarray
     new_pages: np.ndarray
 
-    @property
-    def num_changes(self) -> int:
-        return int(self.inserted_src.size + self.deleted_src.size + self.removed_pages.size
-                   + self.new_pages.size)
-
 
 def pair_keys(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """One int64 per link ``src -> dst``, ordered by source then target."""
     return (src.astype(np.int64) << 32) | dst.astype(np.int64)
+
+
+def split_pair_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The int32 ``(src, dst)`` of :func:`pair_keys`' keys."""
+    return (keys >> 32).astype(np.int32), (keys & 0xFFFFFFFF).astype(np.int32)
 
 
 def sorted_unique(values: np.ndarray) -> np.ndarray:

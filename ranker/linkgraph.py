@@ -30,6 +30,7 @@ from ranker.edge_batches import (
     as_ids,
     pair_keys,
     sorted_unique,
+    split_pair_keys,
 )
 from ranker.graph_memory import ROW_SPARE_SHIFT, compaction_due, key_table_bytes
 from rankstream.errors import InputError
@@ -469,8 +470,7 @@ class LinkGraph:
                          or max(int(src.max()), int(dst.max())) >= n):
             raise InputError(f"edge ids must lie in 0..{n - 1}", where="from_id_edges")
         pairs = sorted_unique(pair_keys(src, dst)[src != dst])
-        src = (pairs >> 32).astype(np.int32)
-        dst = (pairs & 0xFFFFFFFF).astype(np.int32)
+        src, dst = split_pair_keys(pairs)
         graph = cls()
         graph._keys = list(keys)
         graph._index = {k: i for i, k in enumerate(graph._keys)}

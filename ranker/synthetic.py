@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ranker._graph_kernels import copy_links
-from ranker.edge_batches import EdgeBatch, sorted_unique
+from ranker.edge_batches import EdgeBatch, sorted_unique, split_pair_keys
 from ranker.linkgraph import LinkGraph
 
 
@@ -104,7 +104,7 @@ def copying_model_graph(
     src = relabel[sources[keep]]
     dst = relabel[targets[keep]]
     pairs = sorted_unique((src << 32) | dst)
-    return SyntheticGraph((pairs >> 32).astype(np.int32), (pairs & 0xFFFFFFFF).astype(np.int32), n)
+    return SyntheticGraph(*split_pair_keys(pairs), n)
 
 
 def sample_links(graph: LinkGraph, count: int, rng: np.random.Generator) -> tuple[
@@ -160,9 +160,10 @@ def random_edit_batch(
         keys = np.concatenate([keys, fresh[: insertions - keys.size]])
         if keys.size >= insertions:
             break
+    insert_src, insert_dst = split_pair_keys(keys)
     return EdgeBatch(
-        insert_src=(keys >> 32).astype(np.int32),
-        insert_dst=(keys & 0xFFFFFFFF).astype(np.int32),
+        insert_src=insert_src,
+        insert_dst=insert_dst,
         delete_src=del_src,
         delete_dst=del_dst,
     )

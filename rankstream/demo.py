@@ -32,13 +32,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from consumer import ConsumeOptions, connect_redis, run_consumer, top_with_meta
     from consumer.jsonlog import setup_json_logging
     from consumer.readers import MAX_TOP_K
-    from producer.cli import LogPosition, create_topics, log_events, replay
+    from producer.cli import LogPosition, log_events, replay
     from producer.schema import Limits
+    from rankstream.services.stack import ensure_settings_topics
 
     if not 1 <= args.k <= MAX_TOP_K:  # before the replay, not after it
         raise InputError(f"k must be between 1 and {MAX_TOP_K}", where="-k")
     check_readable(args.events)
-    create_topics(settings)
+    ensure_settings_topics(settings)
     position = LogPosition()
     events = log_events(args.events, Limits.from_settings(settings), position)
     print(replay(settings, events, topic=settings.topic, position=position))

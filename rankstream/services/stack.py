@@ -111,6 +111,14 @@ def topic_specs(settings: Settings) -> tuple[TopicSpec, ...]:
     )
 
 
+def ensure_settings_topics(settings: Settings) -> list[str]:
+    """Create the event and dead-letter topics of ``settings`` if missing (idempotent,
+    the broker does not); returns the names created. No broker is a
+    ServiceUnavailable, another refusal a ServiceError."""
+    return ensure_topics(settings.kafka_bootstrap, topic_specs(settings),
+                         **kafka_client_options(settings))
+
+
 def kafka_client_options(settings: Settings) -> dict[str, Any]:
     """kafka-python keyword arguments for the security settings (empty for PLAINTEXT)."""
     options: dict[str, Any] = {"security_protocol": settings.kafka_security_protocol}

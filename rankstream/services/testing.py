@@ -17,8 +17,8 @@ from pathlib import Path
 
 import redis as redis_py
 
-from rankstream.services.kafka import delete_topics, ensure_topics
-from rankstream.services.stack import kafka_client_options, topic_specs
+from rankstream.services.kafka import delete_topics
+from rankstream.services.stack import ensure_settings_topics, kafka_client_options
 from rankstream.settings import Settings
 
 
@@ -72,7 +72,7 @@ def isolated(settings: Settings, name: str) -> Iterator[Isolated]:
                 "snapshot_dir": snapshots}
     )
     options = kafka_client_options(own)
-    ensure_topics(own.kafka_bootstrap, topic_specs(own), **options)
+    ensure_settings_topics(own)
     try:
         yield Isolated(own, own.topic, own.dlq_topic, own.key_prefix)
     finally:

@@ -32,13 +32,11 @@ from pydantic import SecretStr
 from rankstream.services import (
     KafkaBroker,
     RedisServer,
-    ensure_topics,
-    kafka_client_options,
+    ensure_settings_topics,
     start_kafka,
     start_redis,
     stop_kafka,
     stop_redis,
-    topic_specs,
 )
 from rankstream.services.kafka import fetch_kafka, java_binary, libs_dir_for
 from rankstream.services.redis import redis_binary
@@ -88,8 +86,7 @@ class FaultStack:
         settings = self.base.model_copy(update={
             "topic": topic, "dlq_topic": f"{topic}.dlq", "key_prefix": f"faults:{token}:",
             "topic_partitions": partitions, "group_id": f"faults-{token}", **updates})
-        ensure_topics(settings.kafka_bootstrap, topic_specs(settings),
-                      **kafka_client_options(settings))
+        ensure_settings_topics(settings)
         return settings
 
     def client(self) -> redis_py.Redis:

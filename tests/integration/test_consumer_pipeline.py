@@ -26,7 +26,7 @@ from ranker.pagerank import pagerank
 from ranker.weighted_pagerank import weighted_pagerank
 from rankstream.graph_updates import EventApplier
 from rankstream.services.kafka import delete_topics, ensure_topics
-from rankstream.services.stack import kafka_client_options, topic_specs
+from rankstream.services.stack import ensure_settings_topics, kafka_client_options, topic_specs
 from rankstream.services.testing import Isolated
 from rankstream.settings import Settings
 
@@ -112,7 +112,7 @@ def one_partition(isolated: Isolated) -> Iterator[Settings]:
         "topic": f"{isolated.topic}.p1", "dlq_topic": f"{isolated.topic}.p1.dlq",
         "topic_partitions": 1})
     options = kafka_client_options(settings)
-    ensure_topics(settings.kafka_bootstrap, topic_specs(settings), **options)
+    ensure_settings_topics(settings)
     try:
         yield settings
     finally:
@@ -479,7 +479,7 @@ def test_a_recreated_topic_is_read_from_its_start(one_partition, caplog):
     deadline = time.monotonic() + 60
     while True:  # deletion is asynchronous: create it again once it is gone
         try:
-            if ensure_topics(settings.kafka_bootstrap, topic_specs(settings), **options):
+            if ensure_settings_topics(settings):
                 break
         except Exception:
             pass
