@@ -99,3 +99,20 @@ def test_a_restarted_consumer_resumes_from_the_snapshot(snapshots, caplog):
     client, keys = connect_redis(settings), Keys(settings.key_prefix)
     _assert_same_mirror(Mirror.load(client, keys, settings),
                         Mirror.load(client, keys, settings, snapshot=snapshot_path(settings)))
+
+
+def test_another_topics_offsets_under_the_prefix_do_not_stop_snapshots(snapshots, caplog):
+    """A topic change on the same prefix leaves the old topic's fields in P offsets:
+    every clean stop then said "the stored offsets are not the mirror's"."""
+    settings = snapshots
+    path = snapshot_path(settings)
+    assert path is not None
+    client, keys = connect_redis(settings), Keys(settings.key_prefix)
+    client.hset(keys.offsets, "an.older.topic:0", 41)
+    path.unlink()
+    with caplog.at_level(logging.INFO, logger="rankstream.consumer"):
+        consume(settings)
+    assert not _loads(caplog, "snapshot not written"), _loads(caplog, "snapshot not written")
+    assert path.exists()
+    _assert_same_mirror(Mirror.load(client, keys, settings),
+                        Mirror.load(client, keys, settings, snapshot=path))

@@ -73,3 +73,35 @@ def test_one_file_per_redis_prefix_and_topic_and_none_when_disabled(tmp_path):
         {}, {"key_prefix": "other:"}, {"topic": "other"}, {"redis_url": "redis://h:1/0"})}
     assert len(paths) == 4 and all(p is not None and p.parent == tmp_path for p in paths)
     assert snapshot_path(Settings(snapshot_dir="")) is None
+
+
+def test_a_corrupted_byte_anywhere_is_never_trusted_nor_raised(tmp_path):
+    """One flipped byte: a shape in an npy header read short was trusted (zipfile checks
+    a CRC only at a member's end), and numpy's header parser raised SyntaxError and
+    tokenize errors through to a crash on every start."""
+    path = tmp_path / "s.npz"
+    published = {"pagerank": np.arange(3.0), "wpr": np.ones(3)}
+    write_snapshot(path, _identity(), _state(), published)
+    good = path.read_bytes()
+    expected = read_snapshot(path, _identity(), "t")
+    assert expected is not None
+    for at in range(0, len(good), 3):
+        path.write_bytes(good[:at] + bytes([good[at] ^ 0x5A]) + good[at + 1:])
+        found = read_snapshot(path, _identity(), "t")  # never raises
+        if found is not None:  # e.g. a byte of the zip's comments or padding
+            stored, vectors = found
+            assert stored.urls == expected[0].urls
+            for name in ("removed", "edge_src", "edge_dst"):
+                assert np.array_equal(getattr(stored, name), getattr(expected[0], name))
+            assert all(np.array_equal(vectors[a], published[a]) for a in vectors)
+
+
+def test_arrays_that_do_not_fit_the_stored_counters_are_not_used(tmp_path):
+    path = tmp_path / "s.npz"
+    short = {"pagerank": np.ones(2), "wpr": np.ones(3)}
+    write_snapshot(path, _identity(), _state(), short)
+    assert read_snapshot(path, _identity(), "t") is None
+    state = _state()
+    state.removed = np.array([3], dtype=np.int32)
+    write_snapshot(path, _identity(), state, {"wpr": np.ones(3)})
+    assert read_snapshot(path, _identity(), "t") is None
