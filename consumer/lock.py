@@ -144,6 +144,12 @@ class ConsumerLock:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost = threading.Event()
+        # Set while a lost lease is being re-taken, and after that until the mirror is
+        # rebuilt if another consumer wrote meanwhile (consumer.recovery): every fence
+        # check fails meanwhile. Without it, a second writer thread found the lease
+        # "ours" again (the first had just re-taken it) and committed a batch planned
+        # on the stale mirror over the other consumer's writes.
+        self.suspended = threading.Event()
 
     # -- acquisition --------------------------------------------------------------
     def acquire(self) -> None:
@@ -277,7 +283,7 @@ class ConsumerLock:
         self._expect_ours(conn.read_response())
 
     def _expect_ours(self, current: Any) -> None:
-        if current != self.value:
+        if current != self.value or self.suspended.is_set():
             self.lost.set()
             raise LockLost(f"lost the consumer lock {self.key}")
 

@@ -99,6 +99,7 @@ class Prefetcher:
         self.batch_max_events = batch_max_events
         self.poll_timeout_ms = poll_timeout_ms
         self.backoff = backoff
+        self._failed_polls = 0  # in a row: the backoff grows with them
         self.stop_event = stop_event
         self.ahead: collections.deque[Fetched] = collections.deque()
 
@@ -120,9 +121,14 @@ class Prefetcher:
         try:
             records = self._source().poll(self.batch_max_events, wait_ms)
         except ServiceUnavailable as exc:
-            log.warning("poll failed", extra={"fields": {"error": str(exc)[:300]}})
-            self.backoff.sleep(0)
+            # 0.1 s doubling to 5 s, like every retry (it stayed at 0.1 s: ten warnings
+            # a second through a Kafka outage).
+            log.warning("poll failed", extra={"fields": {"error": str(exc)[:300],
+                                                         "attempt": self._failed_polls + 1}})
+            self.stop_event.wait(self.backoff.delay(self._failed_polls))  # a stop cuts it short
+            self._failed_polls += 1
             return None
+        self._failed_polls = 0
         if not records:
             return None
         if TOP_UP_POLL_MS and len(records) < self.batch_max_events:

@@ -110,8 +110,8 @@ class Publications:
         (an idle consumer writes nothing into them: :meth:`ScorePublisher.renew_back_buffers`)."""
         now = time.monotonic()
         if now >= self._buffers_due and not self._busy():
-            self._buffers_due = now + BACK_TTL_MS / 3000.0
             self.publisher.renew_back_buffers()
+            self._buffers_due = now + BACK_TTL_MS / 3000.0  # still due if that failed
 
     def _busy(self) -> bool:
         return self._in_flight is not None and not self._in_flight.done()

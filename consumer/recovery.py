@@ -165,16 +165,29 @@ class Recovery:
         """The lease changed under a transaction: continue, rebuild or stop.
 
         The graph writer and the publisher may both get here after one freeze; they
-        go one at a time, so the second finds the lease ours again and both compare
-        Redis with the same committed state.
+        go one at a time. The first suspends every fenced write (``lock.suspended``)
+        before it re-takes the lease, and lifts that only if nobody wrote meanwhile;
+        otherwise it stays until :meth:`resume` after the rebuild, and the second
+        thread, like any fenced write meanwhile, gets :class:`MirrorStale` too.
         """
         with self._mutex:
             self._regain_lease_locked()
 
+    def resume(self) -> None:
+        """The mirror was rebuilt from Redis (and ``committed`` set): fenced writes may
+        go ahead again."""
+        self.lock.suspended.clear()
+
     def _regain_lease_locked(self) -> None:
+        suspended = self.lock.suspended
+        if suspended.is_set():  # left by an earlier regain: a foreign write, or LockHeld
+            raise MirrorStale("another consumer wrote under this prefix while our lease "
+                              "had lapsed; the in-memory graph is stale")
+        suspended.set()
         if self.retry("checking the lease", self.lock.still_ours):
             # The WATCH tripped for another reason (e.g. our key expired and came back).
             self.lock.lost.clear()
+            suspended.clear()
             return
         if not self.retry("taking the lease again", self.lock.reacquire):
             raise LockHeld(f"another consumer took {self.keys.lock} while this one was "
@@ -191,6 +204,7 @@ class Recovery:
                   if k.decode().rpartition(":")[0] == self.topic}
         if int(stored_version or 0) == version and stored == ours:
             log.warning("lease re-taken; nobody wrote meanwhile, continuing")
+            suspended.clear()
             return
         log.warning("lease re-taken after a foreign write; rebuilding the mirror")
         raise MirrorStale("another consumer wrote under this prefix while our lease had "

@@ -52,7 +52,7 @@ from consumer.pacing import Pacing
 from consumer.prefetch import Fetched, Prefetcher
 from consumer.publishing import Publications
 from consumer.recovery import Backoff, MirrorStale, Recovery, settle_void
-from consumer.redis_store import connect_redis
+from consumer.redis_store import connect_redis, topic_offsets
 from consumer.score_publisher import ScorePublisher
 from consumer.snapshot import leave_snapshot, snapshot_path
 from consumer.stats import ConsumerStats, catching_up, lag_by_partition
@@ -217,7 +217,12 @@ class ConsumerService:
             self._set_state("stopped", force=True)
         self.status.close()
         if self.source is not None:
-            self.source.close(self.mirror.offsets if self.mirror is not None else None)
+            # For lag tools: only what committed to Redis (the mirror may hold a batch
+            # whose transaction never did), and only while the lease is ours (a fenced
+            # consumer's offsets are not the group's).
+            ours = self.mirror is not None and not self.lock.lost.is_set()
+            self.source.close(topic_offsets(self.recovery.committed[1], self.settings.topic)
+                              if ours else None)
         if self.dlq is not None:
             self.dlq.close()
         with contextlib.suppress(Exception):  # they expire anyway (BACK_TTL_MS)
@@ -249,7 +254,10 @@ class ConsumerService:
                 self._maybe_publish(force=True)
                 if self.publications.idle:
                     self.refresh_if_stale()
-                self.publications.renew_buffers()
+                # Retried like every other write: a Redis outage while it was due
+                # stopped an idle consumer (exit 2).
+                self.recovery.retry("renewing the score back buffers",
+                                    self.publications.renew_buffers)
                 if self.lock.lost.is_set():
                     # An idle consumer makes no fenced write that would notice another
                     # one took the lease: continue, rebuild or stop now, as one would.
@@ -466,6 +474,7 @@ class ConsumerService:
             "rebuilding the mirror",
             lambda: Mirror.load(self.redis, self.keys, self.settings, warm=warm))
         self.recovery.committed = (self.mirror.counters.version, self.mirror.offsets_fields())
+        self.recovery.resume()
         tune_garbage_collector()
         self.publications.publish_now(self.mirror, self.mirror.start_reports)
         self.recovery.retry("seeking", lambda: self._source().seek(self._mirror().offsets))

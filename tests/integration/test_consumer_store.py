@@ -12,7 +12,9 @@ import redis as redis_py
 from consumer.graph_write import GraphCounters, GraphWrite, commit_graph, plan_links
 from consumer.keys import Keys, offset_field
 from consumer.lock import ConsumerLock, Holder, LockHeld, LockLost
+from consumer.recovery import Backoff, MirrorStale, Recovery
 from consumer.redis_store import connect_redis, load_stored
+from consumer.stats import ConsumerStats
 from producer.schema import DEFAULT_LIMITS, decode_event
 from ranker.linkgraph import LinkGraph
 from rankstream.graph_updates import EventApplier
@@ -149,6 +151,74 @@ def test_fenced_transaction_aborts_when_the_lease_changes(isolated, client):
         commit_graph(client, keys, GraphWrite(offsets={"t:0": 2}), fence=lock)
     assert client.hget(keys.offsets, "t:0") == b"1"
     assert not lock.renew() and lock.lost.is_set()
+
+
+def _recovery(client, keys: Keys, lock: ConsumerLock) -> Recovery:
+    return Recovery(client, lock, keys, "t", ConsumerStats(), Backoff(0.001, 0.001),
+                    stop_grace_s=1.0, set_state=lambda _state: None)
+
+
+def test_after_a_foreign_write_no_writer_thread_commits_until_the_rebuild(isolated, client):
+    """Both writer threads recover after one freeze. The first re-took the lease and
+    found another consumer's write; the second found the lease "ours" again and
+    committed its batch, planned on the stale mirror, over the other's writes (a
+    review's repro)."""
+    keys = Keys(isolated.key_prefix)
+    lock = ConsumerLock(client, keys.lock, ttl_ms=5000)
+    lock.acquire()
+    recovery = _recovery(client, keys, lock)
+    commit_graph(client, keys, GraphWrite(counters=GraphCounters(version=1),
+                                          offsets={"t:0": 10}), fence=lock)
+    recovery.committed = (1, {"t:0": 10})
+    client.delete(keys.lock)  # frozen past the TTL; another consumer writes and stops
+    other = ConsumerLock(client, keys.lock, ttl_ms=5000, pid=1)
+    other.acquire()
+    commit_graph(client, keys, GraphWrite(counters=GraphCounters(version=7),
+                                          offsets={"t:0": 70}), fence=other)
+    other.release()
+
+    def refused() -> None:
+        raise LockLost("the publication's EXEC aborted during the freeze")
+
+    stale = GraphWrite(counters=GraphCounters(version=2), offsets={"t:0": 20})
+    with pytest.raises(MirrorStale):  # the score writer, first
+        recovery.fenced("publishing", refused)
+    with pytest.raises(MirrorStale):  # then the graph writer
+        recovery.fenced("committing the graph", lambda: commit_graph(
+            client, keys, stale, fence=lock))
+    with pytest.raises(LockLost):  # any fenced write, until the rebuild
+        commit_graph(client, keys, stale, fence=lock)
+    assert client.hget(keys.graph, "version") == b"7"
+    assert client.hget(keys.offsets, "t:0") == b"70"
+    assert lock.still_ours()
+    recovery.committed = (7, {"t:0": 70})  # what the rebuild read back
+    recovery.resume()
+    commit_graph(client, keys, GraphWrite(counters=GraphCounters(version=8),
+                                          offsets={"t:0": 80}), fence=lock)
+    assert client.hget(keys.graph, "version") == b"8"
+    lock.release()
+
+
+def test_a_lease_retaken_with_no_foreign_write_carries_on(isolated, client):
+    keys = Keys(isolated.key_prefix)
+    lock = ConsumerLock(client, keys.lock, ttl_ms=5000)
+    lock.acquire()
+    recovery = _recovery(client, keys, lock)
+    commit_graph(client, keys, GraphWrite(counters=GraphCounters(version=1),
+                                          offsets={"t:0": 10}), fence=lock)
+    recovery.committed = (1, {"t:0": 10})
+    client.delete(keys.lock)
+    attempts = []
+
+    def commit() -> int:
+        attempts.append(1)
+        return commit_graph(client, keys, GraphWrite(counters=GraphCounters(version=2),
+                                                     offsets={"t:0": 20}), fence=lock)
+
+    recovery.fenced("committing the graph", commit)
+    assert len(attempts) == 2 and not lock.suspended.is_set()
+    assert client.hget(keys.graph, "version") == b"2"
+    lock.release()
 
 
 def test_renewal_extends_the_lease(isolated, client):

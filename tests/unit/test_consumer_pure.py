@@ -407,3 +407,52 @@ def test_meta_takes_the_published_relative_bound_as_it_was_published():
     assert empty.relative_bound == 0.0 and empty.as_dict()["relative_bound"] == 0.0
     older = Meta.from_hash("pagerank", {"bound": "2.0", "total": "4.0"})  # no field: derived
     assert older.relative_bound == 0.5
+
+
+def test_a_failed_back_buffer_renewal_stays_due_for_the_retry() -> None:
+    """It was marked done before the write: a retry skipped it, and the failure had
+    stopped an idle consumer (the service now retries it like its other writes)."""
+    from consumer.publishing import Publications
+
+    class Publisher:
+        calls = 0
+
+        def renew_back_buffers(self) -> None:
+            Publisher.calls += 1
+            if Publisher.calls == 1:
+                raise ServiceUnavailable("redis unavailable while renewing")
+
+    publications = Publications(Publisher(), None, None, None, min_interval_s=0.0)  # type: ignore[arg-type]
+    publications._buffers_due = 0.0
+    try:
+        with pytest.raises(ServiceUnavailable):
+            publications.renew_buffers()
+        publications.renew_buffers()
+        publications.renew_buffers()  # done: not due for another third of the TTL
+        assert Publisher.calls == 2
+    finally:
+        publications.close()
+
+
+def test_failing_polls_back_off_more_each_time_and_a_stop_cuts_the_wait_short():
+    """The pause after a failed poll stayed at its first step (0.05-0.1 s)."""
+
+    class Down:
+        def poll(self, max_records: int, timeout_ms: int) -> list[Record]:
+            raise ServiceUnavailable("kafka: no broker")
+
+    waits: list[float] = []
+
+    class Stop(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            waits.append(timeout or 0.0)
+            return False
+
+    fetcher = Prefetcher(lambda: Down(), DEFAULT_LIMITS, batch_max_events=10,  # type: ignore[arg-type, return-value]
+                         poll_timeout_ms=200, backoff=Backoff(0.1, 5.0), stop_event=Stop())
+    for _ in range(8):
+        assert fetcher.fetch() is None
+    assert [w > 0.0 for w in waits] == [True] * 8
+    assert waits[0] <= 0.1 and 2.5 <= waits[-1] <= 5.0  # doubling, capped (with jitter)
+    fetcher._source = lambda: _FakeSource([3])  # type: ignore[assignment, return-value]
+    assert fetcher.fetch() is not None and fetcher._failed_polls == 0
