@@ -98,6 +98,9 @@ class KafkaSource:
                 group_id=settings.group_id,
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
+                # Events a transactional producer aborted never happened. The same as
+                # read_uncommitted for other producers.
+                isolation_level="read_committed",
                 max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES,
                 fetch_max_bytes=FETCH_MAX_BYTES,
                 receive_message_max_bytes=receive_max_bytes(settings.max_message_bytes),
@@ -184,6 +187,18 @@ class KafkaSource:
         for partition, (stale, start) in self._rewound.items():
             if out.get(partition) == stale:
                 out[partition] = start
+        for tp in list(self._partitions):
+            # Once every record polled from a partition is in ``offsets``, Kafka's own
+            # position counts: it moves past what is never handed out (a transactional
+            # producer's commit markers, aborted transactions). Else the marker at
+            # the end of such a log was never "read", and --until-caught-up never ended.
+            handed_out = self._expected.get(tp.partition)
+            if handed_out is not None and out.get(tp.partition) == handed_out:
+                try:
+                    position = int(self._consumer.position(tp))
+                except Exception:  # status heartbeats call this from other threads,
+                    continue  # e.g. while a partition is being added: no raise then
+                out[tp.partition] = max(handed_out, position)
         return out
 
     def poll(self, max_records: int, timeout_ms: int) -> list[Record]:
@@ -202,10 +217,7 @@ class KafkaSource:
                 continue
             expected = self._expected.get(tp.partition)
             if expected is not None and messages[0].offset > expected:
-                log.warning("events deleted before they were consumed", extra={"fields": {
-                    "partition": tp.partition, "expected_offset": expected,
-                    "next_record": messages[0].offset,
-                    "lost": messages[0].offset - expected}})
+                self._gap(tp, expected, messages[0].offset)
             self._expected[tp.partition] = messages[-1].offset + 1
             records.extend(
                 Record(tp.partition, m.offset, m.key, m.value, m.timestamp)
@@ -239,6 +251,29 @@ class KafkaSource:
             self._consumer.seek(tp, start)
         log.warning("partitions added to the topic: reading them from their start",
                     extra={"fields": {"partitions": [tp.partition for tp in added]}})
+
+    def _gap(self, tp: Any, expected: int, next_record: int) -> None:
+        """Offsets skipped between two polls: deleted events, or nothing at all.
+
+        Retention (or DeleteRecords) deleting unread events moves the log start past
+        them. A transactional producer's commit markers and its aborted transactions
+        (skipped: the consumer reads committed records only) leave gaps too, with no
+        event in them.
+        """
+        from kafka.errors import KafkaError
+
+        try:
+            start: int | None = int(self._consumer.beginning_offsets([tp])[tp])
+        except KafkaError:
+            start = None  # cannot tell: say so, as before
+        if start is not None and start <= expected:
+            log.debug("offsets skipped (transaction markers or aborted transactions)",
+                      extra={"fields": {"partition": tp.partition, "from": expected,
+                                        "to": next_record}})
+            return
+        log.warning("events deleted before they were consumed", extra={"fields": {
+            "partition": tp.partition, "expected_offset": expected,
+            "next_record": next_record, "lost": next_record - expected}})
 
     def end_offsets(self) -> dict[int, int]:
         """The current log-end offset of every assigned partition (one round trip)."""

@@ -427,6 +427,45 @@ def test_events_deleted_while_the_consumer_runs_are_counted(one_partition, caplo
     assert [(r.fields["expected_offset"], r.fields["lost"]) for r in lost] == [(5, 10)]  # type: ignore[attr-defined]
 
 
+def test_a_transactional_producers_aborted_events_are_not_applied(one_partition, caplog):
+    """Kafka Connect, Flink and Kafka Streams write transactionally. Aborted events
+    were applied (read_uncommitted); every commit marker was warned about as deleted
+    events; and the marker ending the log was never "read", so --until-caught-up
+    never ended."""
+    from kafka import KafkaProducer
+
+    settings = one_partition
+    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap,
+                             transactional_id=f"crawler-{settings.topic}",
+                             **kafka_client_options(settings))
+    groups = [{(f"https://tx.example.org/{g}/{i}", f"https://tx.example.org/{g}/{i + 1}")
+               for i in range(20)} for g in range(3)]
+    try:
+        producer.init_transactions()
+        for number, links in enumerate(groups):
+            producer.begin_transaction()
+            for src, dst in sorted(links):
+                producer.send(settings.topic, json.dumps(
+                    {"type": "link_added", "src": src, "dst": dst}).encode(), src.encode())
+            producer.flush()
+            if number == 1:
+                producer.abort_transaction()
+            else:
+                producer.commit_transaction()
+    finally:
+        producer.close()
+    with caplog.at_level("WARNING", logger="rankstream.consumer.kafka"):
+        service = consume(settings, max_seconds=60.0)
+    assert service.stop_reason == "caught-up"
+    edges, _ = url_edges(connect_redis(settings), settings)
+    assert edges == groups[0] | groups[2]
+    assert not [r for r in caplog.records
+                if r.getMessage() == "events deleted before they were consumed"]
+    client = connect_redis(settings)
+    status = json.loads(client.hget(Keys(settings.key_prefix).status, "lag") or b"{}")
+    assert status == {"0": 0}
+
+
 def test_partitions_added_while_running_are_read_from_their_start(one_partition, monkeypatch):
     """Manual assignment gets no rebalance when a topic grows: the keys hashed to a new
     partition were never read until a restart."""
