@@ -180,9 +180,11 @@ class Recovery:
 
     def _regain_lease_locked(self) -> None:
         suspended = self.lock.suspended
-        if suspended.is_set():  # left by an earlier regain: a foreign write, or LockHeld
-            raise MirrorStale("another consumer wrote under this prefix while our lease "
-                              "had lapsed; the in-memory graph is stale")
+        if suspended.is_set():
+            # Left by an earlier regain that found a foreign write, or that failed
+            # before it could tell: either way only a rebuild is safe.
+            raise MirrorStale("the lease lapsed and Redis may hold another consumer's "
+                              "writes; the in-memory graph must be rebuilt")
         suspended.set()
         if self.retry("checking the lease", self.lock.still_ours):
             # The WATCH tripped for another reason (e.g. our key expired and came back).
