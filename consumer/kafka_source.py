@@ -40,6 +40,7 @@ def receive_max_bytes(max_message_bytes: int) -> int:
     """
     return max(RECEIVE_MAX_BYTES, FETCH_MAX_BYTES + 2 * max_message_bytes + 8 * 1024 * 1024)
 RECONNECT_BACKOFF_MAX_MS = 1000
+REQUEST_TIMEOUT_MS = 30_000
 # How often the topic's partition count is looked at (and kafka-python's metadata
 # refreshed, 5 minutes by default): partitions added to the topic are read after
 # at most about this long, without a restart.
@@ -101,6 +102,10 @@ class KafkaSource:
                 # Events a transactional producer aborted never happened. The same as
                 # read_uncommitted for other producers.
                 isolation_level="read_committed",
+                # Bounds the calls that wait on the broker outside a poll (offsets looked
+                # up on a gap, at seek, for catching up): kafka-python's 305 s default
+                # would hold the main thread for five minutes if the broker went away.
+                request_timeout_ms=REQUEST_TIMEOUT_MS,
                 max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES,
                 fetch_max_bytes=FETCH_MAX_BYTES,
                 receive_message_max_bytes=receive_max_bytes(settings.max_message_bytes),
@@ -194,10 +199,10 @@ class KafkaSource:
             # the end of such a log was never "read", and --until-caught-up never ended.
             handed_out = self._expected.get(tp.partition)
             if handed_out is not None and out.get(tp.partition) == handed_out:
-                try:
-                    position = int(self._consumer.position(tp))
-                except Exception:  # status heartbeats call this from other threads,
-                    continue  # e.g. while a partition is being added: no raise then
+                try:  # never waits (an unknown position would: for ever)
+                    position = int(self._consumer.position(tp, timeout_ms=0))
+                except Exception:  # None, or status heartbeats on other threads while
+                    continue  # a partition is being added: no raise then
                 out[tp.partition] = max(handed_out, position)
         return out
 

@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -288,12 +288,29 @@ class ConsumerLock:
             raise LockLost(f"lost the consumer lock {self.key}")
 
     def reacquire(self) -> bool:
-        """After a loss: take the lease again if it is free. False if another holds it."""
+        """After a loss: take the lease again if it is free. False if another holds it.
+
+        Under a new token (unless our value is still recorded): a check that read the
+        old one before the lease lapsed, such as a scripted score swap about to run,
+        then fails instead of passing as ours again.
+        """
         try:
+            if self.client.get(self.key) != self.value:
+                self.holder = replace(self.holder, token=uuid.uuid4().hex)
+                self.value = self.holder.encode()
             self.acquire()
         except LockHeld:
             return False
+        except redis.RedisError as exc:
+            raise ServiceUnavailable(f"redis: cannot take the consumer lock: {exc}") from exc
         return True
+
+    def check_not_suspended(self) -> None:
+        """Raise :class:`LockLost` while fenced writes are suspended (:attr:`suspended`),
+        for a write whose fence is a script comparing the token (read the token first)."""
+        if self.suspended.is_set():
+            self.lost.set()
+            raise LockLost(f"fenced writes are suspended while {self.key} is re-checked")
 
     # -- release ------------------------------------------------------------------
     def release(self) -> None:

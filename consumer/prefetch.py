@@ -111,11 +111,13 @@ class Prefetcher:
         """Forget the batches decoded ahead (Kafka is about to be re-positioned)."""
         self.ahead.clear()
 
-    def fetch(self, timeout_ms: int | None = None) -> Fetched | None:
+    def fetch(self, timeout_ms: int | None = None, *, wait_on_failure: bool = True
+              ) -> Fetched | None:
         """Poll one batch and decode it (no shared state: runs while Redis writes).
 
         ``timeout_ms``: how long the poll may wait for records (default: the
-        ``poll_timeout_ms`` setting).
+        ``poll_timeout_ms`` setting). ``wait_on_failure``: back off after a failed
+        poll (not while batches in hand wait to be processed).
         """
         wait_ms = self.poll_timeout_ms if timeout_ms is None else timeout_ms
         try:
@@ -123,10 +125,11 @@ class Prefetcher:
         except ServiceUnavailable as exc:
             # 0.1 s doubling to 5 s, like every retry (it stayed at 0.1 s: ten warnings
             # a second through a Kafka outage).
-            log.warning("poll failed", extra={"fields": {"error": str(exc)[:300],
-                                                         "attempt": self._failed_polls + 1}})
-            self.stop_event.wait(self.backoff.delay(self._failed_polls))  # a stop cuts it short
             self._failed_polls += 1
+            log.warning("poll failed", extra={"fields": {"error": str(exc)[:300],
+                                                         "attempt": self._failed_polls}})
+            if wait_on_failure:  # a stop cuts the wait short
+                self.stop_event.wait(self.backoff.delay(self._failed_polls - 1))
             return None
         self._failed_polls = 0
         if not records:
@@ -164,10 +167,11 @@ class Prefetcher:
             if (len(latest.records) < self.batch_max_events
                     or (in_hand and ranking.done())):
                 return
-            fetched = self.fetch(timeout_ms=EXTRA_POLL_MS if in_hand else None)
+            fetched = self.fetch(timeout_ms=EXTRA_POLL_MS if in_hand else None,
+                                 wait_on_failure=False)
             if fetched is None:
-                if in_hand:
+                if in_hand and not self._failed_polls:
                     continue  # the client had nothing buffered yet; the engines still work
-                return
+                return  # (a failed poll: the batches in hand go first, no backoff)
             self.ahead.append(fetched)
             latest = fetched

@@ -114,6 +114,7 @@ class Recovery:
         # what Redis must still hold for a re-taken lease to carry on.
         self.committed: tuple[int, dict[str, int]] = (0, {})
         self._mutex = threading.Lock()
+        self._held_by_another = False  # a regain found the lease taken: stop, all threads
 
     def retry(self, what: str, action: Callable[[], T]) -> T:
         """``action()``, retried with backoff while it fails with a RETRYABLE error."""
@@ -174,15 +175,19 @@ class Recovery:
             self._regain_lease_locked()
 
     def resume(self) -> None:
-        """The mirror was rebuilt from Redis (and ``committed`` set): fenced writes may
-        go ahead again."""
+        """The mirror was rebuilt from Redis (and ``committed`` set), under the lease the
+        regain took: fenced writes may go ahead again (each still checks the lease)."""
         self.lock.suspended.clear()
+        self.lock.lost.clear()  # set by the writes refused meanwhile
 
     def _regain_lease_locked(self) -> None:
         suspended = self.lock.suspended
         if suspended.is_set():
-            # Left by an earlier regain that found a foreign write, or that failed
-            # before it could tell: either way only a rebuild is safe.
+            # Left by an earlier regain: another consumer holds the lease, or wrote, or
+            # the check failed before it could tell (only a rebuild is safe then).
+            if self._held_by_another:
+                raise LockHeld(f"another consumer took {self.keys.lock} while this one "
+                               "was stalled; stopping")
             raise MirrorStale("the lease lapsed and Redis may hold another consumer's "
                               "writes; the in-memory graph must be rebuilt")
         suspended.set()
@@ -192,6 +197,7 @@ class Recovery:
             suspended.clear()
             return
         if not self.retry("taking the lease again", self.lock.reacquire):
+            self._held_by_another = True
             raise LockHeld(f"another consumer took {self.keys.lock} while this one was "
                            "stalled; stopping")
         with redis_errors("checking for foreign writes"):

@@ -430,6 +430,11 @@ class ScorePublisher:
         """
         if self.scripts:
             lease = (fence.key, fence.value) if fence is not None else ("", b"")
+            if fence is not None:
+                # After the token is read: a regain suspends writes before it re-takes
+                # the lease under a new token, so either this sees the suspension or the
+                # script sees a token that is not ours any more.
+                fence.check_not_suspended()
             body: list[Any] = []
             for cmd in publication.swap:
                 body += [len(cmd), *cmd]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,6 +251,49 @@ def test_the_swap_is_fenced_and_a_stale_consumer_cannot_publish(isolated, client
     # publication with its meta.
     assert {a: zset(client, keys.scores(a)) for a in ALGORITHMS} == before
     assert client.hget(keys.meta("pagerank"), "version") == b"1"
+
+
+@pytest.mark.parametrize("scripts", [True, False], ids=["script", "plain"])
+def test_no_swap_while_fenced_writes_are_suspended_nor_with_a_token_read_before(
+        isolated, client, scripts):
+    """A regain that found another consumer's write suspends fenced writes until the
+    rebuild. The scripted swap compared only the token, which the regain had made
+    ours again, and published scores of the stale mirror."""
+    keys = Keys(isolated.key_prefix)
+    lock = ConsumerLock(client, keys.lock, ttl_ms=5000)
+    lock.acquire()
+    publisher = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6,
+                               publish_threshold=0.0, owner="a", scripts=scripts)
+    rng = np.random.default_rng(12)
+    ranks = FakeRanks(FakeGraph(), {})
+    publisher.reset()
+    evolve(rng, ranks, 0)
+    assert publisher.send(publisher.prepare(ranks, exact_reports(ranks), version=0,
+                                            offsets={}), fence=lock)
+    before = {a: zset(client, keys.scores(a)) for a in ALGORITHMS}
+    evolve(rng, ranks, 1)
+    publication = publisher.prepare(ranks, exact_reports(ranks), version=1, offsets={})
+    lock.suspended.set()
+    with pytest.raises(LockLost):
+        publisher.send_swap(publication, fence=lock)
+    lock.suspended.clear()
+    # A swap that read the token before the lease lapsed and was re-taken (the
+    # regain's suspension came after its check) meets a new token.
+    stale_token = lock.value
+    client.delete(keys.lock)
+    assert lock.reacquire() and lock.value != stale_token
+    if scripts:
+        class ReadBefore:
+            key, value = keys.lock, stale_token
+            lost = threading.Event()
+
+            def check_not_suspended(self) -> None:
+                pass
+
+        with pytest.raises(LockLost):
+            publisher.send_swap(publication, fence=ReadBefore())
+    assert {a: zset(client, keys.scores(a)) for a in ALGORITHMS} == before
+    lock.release()
 
 
 def test_a_restarted_publisher_adopts_the_live_zset_and_then_writes_only_moves(

@@ -456,3 +456,13 @@ def test_failing_polls_back_off_more_each_time_and_a_stop_cuts_the_wait_short():
     assert waits[0] <= 0.1 and 2.5 <= waits[-1] <= 5.0  # doubling, capped (with jitter)
     fetcher._source = lambda: _FakeSource([3])  # type: ignore[assignment, return-value]
     assert fetcher.fetch() is not None and fetcher._failed_polls == 0
+    # Polling ahead while the engines work: a failure hands the batch in hand back at
+    # once (its commit and publication need not wait for Kafka).
+    full = _FakeSource([10])
+    fetcher._source = lambda: full  # type: ignore[assignment, return-value]
+    current = fetcher.fetch()
+    assert current is not None
+    fetcher._source = lambda: Down()  # type: ignore[assignment, return-value]
+    waits.clear()
+    fetcher.decode_during(_Work(full, 100), current, _never)
+    assert waits == [] and fetcher._failed_polls == 1 and not fetcher.ahead

@@ -105,3 +105,25 @@ def test_arrays_that_do_not_fit_the_stored_counters_are_not_used(tmp_path):
     state.removed = np.array([3], dtype=np.int32)
     write_snapshot(path, _identity(), state, {"wpr": np.ones(3)})
     assert read_snapshot(path, _identity(), "t") is None
+
+
+def test_a_shape_shrunk_in_a_large_members_header_is_caught_by_its_crc(tmp_path):
+    """zipfile checks a member's CRC only once it is read to its end; np.load stops
+    where the header's shape says. Small members are read to the end anyway."""
+    n = 300_000
+    state = StoredState(
+        urls=[f"https://x.example/{i}" for i in range(n)],
+        removed=np.arange(200_000, dtype=np.int32),
+        edge_src=np.array([250_000], dtype=np.int32), edge_dst=np.array([250_001], dtype=np.int32),
+        last_ts={}, offsets={0: 1},
+        counters=GraphCounters(version=1, links=1, pages=n - 200_000, ids=n))
+    identity = Identity(graph={"version": "1", "links": "1", "pages": str(n - 200_000),
+                               "ids": str(n)},
+                        offsets={"t:0": "1"}, publications={"pagerank": "p", "wpr": "p"})
+    path = tmp_path / "s.npz"
+    write_snapshot(path, identity, state, {"pagerank": np.ones(n), "wpr": np.ones(n)})
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"'shape': (200000,)", raw.index(b"removed.npy"))
+    raw[at:at + 18] = b"'shape': (100000,)"
+    path.write_bytes(bytes(raw))
+    assert read_snapshot(path, identity, "t") is None
