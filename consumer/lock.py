@@ -167,12 +167,15 @@ class ConsumerLock:
                 return
             holder = Holder.decode(current)
             if (current is not None and holder is not None
-                    and self.holder.same_pid_space(holder) and not _pid_alive(holder.pid)
-                    and self._compare_and_set(current)):
-                log.warning("took over the lease of a dead consumer",
-                            extra={"fields": {"dead_pid": holder.pid, "key": self.key}})
-                self._taken()
-                return
+                    and self.holder.same_pid_space(holder) and not _pid_alive(holder.pid)):
+                if self._compare_and_set(current):
+                    log.warning("took over the lease of a dead consumer",
+                                extra={"fields": {"dead_pid": holder.pid, "key": self.key}})
+                    self._taken()
+                    return
+                # Another consumer took it over first: name that one, not the dead one.
+                winner: Any = self.client.get(self.key)
+                holder = Holder.decode(winner)
             if current is None:  # expired between SET and GET: try once more
                 if self.client.set(self.key, self.value, nx=True, px=self.ttl_ms):
                     self._taken()

@@ -122,6 +122,7 @@ class ConsumerService:
         # and the offsets it commits (Kafka's group gets them once it did: lag tools).
         self._uncommitted: Future[None] | None = None
         self._uncommitted_offsets: dict[int, int] = {}
+        self._uncommitted_counts = (0, 0)  # (messages, link changes) of that batch
         # The refresh after the last batch, while it may still run (see process).
         self._refreshing: Future[dict[str, Any]] | None = None
         self._lagging = False  # a full batch waited beyond the last one: catching up
@@ -341,7 +342,10 @@ class ConsumerService:
         t_rank = time.perf_counter()
         if refreshing is not None:
             pacing.refresh_started(t_rank)  # the ranker thread went on to it
-        self.stats.record_batch(len(batch.records), planned.write.link_changes, t_rank - started)
+        self.stats.last_batch_seconds = t_rank - started
+        # Counted once its transaction committed (_settle_commit): a batch whose commit
+        # a rebuild voids is polled and processed again, and was counted twice.
+        self._uncommitted_counts = (len(batch.records), planned.write.link_changes)
         log.info("batch", extra={"fields": {
             "messages": len(batch.records), "dead_letters": len(batch.letters),
             "link_changes": planned.write.link_changes, "version": mirror.counters.version,
@@ -389,6 +393,7 @@ class ConsumerService:
         commit, self._uncommitted = self._uncommitted, None
         if commit is not None:
             commit.result()
+            self.stats.record_batch(*self._uncommitted_counts)
             self._source().commit_for_monitoring(self._uncommitted_offsets)
 
     def _refresh(self, *, tolerance: float | None = None, max_sweeps: float | None = None

@@ -108,12 +108,12 @@ class ConsumerStats:
     events_meter: RateMeter = field(default_factory=RateMeter)
     links_meter: RateMeter = field(default_factory=RateMeter)
 
-    def record_batch(self, messages: int, link_changes: int, seconds: float) -> None:
+    def record_batch(self, messages: int, link_changes: int) -> None:
+        """A batch whose graph transaction committed."""
         now = time.monotonic()
         self.batches += 1
         self.events += messages
         self.link_changes += link_changes
-        self.last_batch_seconds = seconds
         self.events_meter.add(messages, now)
         self.links_meter.add(link_changes, now)
 

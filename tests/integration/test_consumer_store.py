@@ -107,6 +107,22 @@ def test_lease_of_a_dead_process_is_taken_over(isolated, client):
     successor.release()
 
 
+def test_the_loser_of_a_takeover_race_names_the_winner_not_the_dead(isolated, client):
+    key = Keys(isolated.key_prefix).lock
+    dead = ConsumerLock(client, key, ttl_ms=60_000, pid=2**22 + 12345)
+    dead.acquire()
+    winner = ConsumerLock(client, key, ttl_ms=60_000, pid=2**22 + 777)
+    loser = ConsumerLock(client, key, ttl_ms=60_000)
+
+    def beaten(expected: bytes) -> bool:  # the winner's takeover lands first
+        client.set(key, winner.value)
+        return False
+
+    loser._compare_and_set = beaten  # type: ignore[method-assign]
+    with pytest.raises(LockHeld, match=f"pid {2**22 + 777} "):
+        loser.acquire()
+
+
 def test_a_fenced_transaction_first_extends_a_lease_due_for_renewal(isolated, client):
     """Renewal waits while a fenced transaction holds the mutex, and since Redis 6.0.9
     a watched key that expires aborts EXEC: a transaction begun on the lease's last

@@ -105,7 +105,8 @@ def test_lag_and_rates():
     assert meter.rate(now=2.0) == 100.0
     assert meter.rate(now=100.0) == 0.0
     stats = ConsumerStats()
-    stats.record_batch(10, 100, 0.01)
+    stats.record_batch(10, 100)
+    stats.last_batch_seconds = 0.01
     counters = GraphCounters(version=1, stale_ignored=2, dlq=3)
     fields = stats.status_fields(topic="t", counters=counters)
     assert fields["events"] == "10" and fields["dlq"] == "3" and json.loads(fields["lag"]) == {}
