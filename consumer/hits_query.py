@@ -36,8 +36,7 @@ from typing import Any, Literal
 import numpy as np
 
 from consumer.hits_base import BaseSubgraph, base_subgraph, url_host
-from consumer.readers import stored_data
-from consumer.redis_store import redis_errors
+from consumer.redis_store import redis_errors, stored_data
 from consumer.text_index import match, query_terms
 from producer.urls import UrlError, canonicalize_url
 from ranker.hits import hits

@@ -98,9 +98,3 @@ class Keys:
 def offset_field(topic: str, partition: int) -> str:
     """Field name of one partition in ``P offsets``."""
     return f"{topic}:{partition}"
-
-
-def parse_offset_field(field: str) -> tuple[str, int]:
-    """Inverse of :func:`offset_field` (topic names cannot contain ':')."""
-    topic, _, partition = field.rpartition(":")
-    return topic, int(partition)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,7 +18,7 @@ import redis
 
 from consumer.keys import ALGORITHMS, Keys
 from consumer.publication import relative_bound
-from consumer.redis_store import decoded, decoded_hash, redis_errors
+from consumer.redis_store import decoded, decoded_hash, redis_errors, stored_data
 from rankstream.errors import InputError, ServiceError
 
 Scale = Literal["paper", "probability"]
@@ -30,16 +30,6 @@ def _check_algorithm(algorithm: str) -> None:
     if algorithm not in ALGORITHMS:
         raise InputError(f"unknown algorithm {algorithm!r} (choose from {', '.join(ALGORITHMS)})",
                          where="algorithm")
-
-
-@contextlib.contextmanager
-def stored_data(what: str) -> Iterator[None]:
-    """A value in Redis that is not what rankstream writes (a hand edit, another
-    program under the prefix) is a ServiceError naming it, never a crash of a reader."""
-    try:
-        yield
-    except (ValueError, TypeError) as exc:
-        raise ServiceError(f"unexpected data in Redis while {what}: {exc}") from exc
 
 
 def _not_nan(value: Any, name: str) -> float:

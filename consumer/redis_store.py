@@ -21,7 +21,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from consumer.graph_write import GraphCounters
-from consumer.keys import ALGORITHMS, Keys, parse_offset_field
+from consumer.keys import ALGORITHMS, Keys
 from consumer.resp import read_sets
 from rankstream.errors import ServiceError, ServiceUnavailable
 from rankstream.settings import Settings
@@ -93,6 +93,16 @@ def redis_errors(what: str) -> Iterator[None]:
         raise ServiceError(f"redis error while {what}: {exc}") from exc
 
 
+@contextlib.contextmanager
+def stored_data(what: str) -> Iterator[None]:
+    """A value in Redis that is not what rankstream writes (a hand edit, another
+    program under the prefix) is a ServiceError naming it, never a crash."""
+    try:
+        yield
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise ServiceError(f"unexpected data in Redis while {what}: {exc}") from exc
+
+
 def decoded(value: Any) -> str:
     """A reply of a client without ``decode_responses``, as text."""
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
@@ -132,33 +142,39 @@ def topic_offsets(fields: Mapping[str, bytes | str | int], topic: str) -> dict[i
     """``P offsets`` fields (``topic:partition`` -> next offset) of one topic, by partition."""
     offsets: dict[int, int] = {}
     for name, value in fields.items():
-        owner, partition = parse_offset_field(name)
+        owner, _, partition = name.rpartition(":")  # another's field: not ours to parse
         if owner == topic:
-            offsets[partition] = int(value)
+            offsets[int(partition)] = int(value)
     return offsets
 
 
 def load_stored(client: redis.Redis, keys: Keys, topic: str) -> StoredState:
     """Read the whole stored graph back (out-link sets: :func:`consumer.resp.read_sets`)."""
     started = time.perf_counter()
-    with redis_errors("loading the graph"):
+    with redis_errors("loading the graph"), stored_data("loading the graph"):
         raw_urls = _hscan_all(client, keys.page_url)
         num_ids = len(raw_urls)
         urls: list[str] = [""] * num_ids
         for raw_id, raw_url in raw_urls.items():
             pid = int(raw_id)
-            if not 0 <= pid < num_ids:
-                raise ServiceError(f"{keys.page_url} is not dense: id {pid} of {num_ids}")
+            # "01" next to "1" would leave an id without its URL: written ids are canonical.
+            if not 0 <= pid < num_ids or raw_id != str(pid).encode():
+                raise ServiceError(f"{keys.page_url} is not dense: id {raw_id!r} of {num_ids}")
             urls[pid] = raw_url.decode("utf-8")
         del raw_urls
         # Raw pipelined SMEMBERS (consumer.resp.read_sets): through redis-py's pipeline
         # object every page cost ~10 us of Python, ~15 s of a 1.4M-page restart.
         lengths, members = read_sets(client, [keys.out_links(pid) for pid in range(num_ids)])
         edge_src = np.repeat(np.arange(num_ids, dtype=np.int32), lengths)
+        _check_ids(members, num_ids, f"{keys.prefix}out:*")  # before int32 wraps them
         edge_dst = members.astype(np.int32)
         removed_raw = client.smembers(keys.page_removed)
-        removed = np.array(sorted(int(x) for x in removed_raw), dtype=np.int32)
+        removed_ids = np.array(sorted(int(x) for x in removed_raw), dtype=np.int64)
+        _check_ids(removed_ids, num_ids, keys.page_removed)
+        removed = removed_ids.astype(np.int32)
         last_ts = {int(k): int(v) for k, v in _hscan_all(client, keys.page_ts).items()}
+        _check_ids(np.fromiter(last_ts, dtype=np.int64, count=len(last_ts)), num_ids,
+                   keys.page_ts)
         stored_offsets: Any = client.hgetall(keys.offsets)
         offsets = topic_offsets({k.decode(): v for k, v in stored_offsets.items()}, topic)
         graph_hash: Any = client.hgetall(keys.graph)
@@ -173,6 +189,12 @@ def load_stored(client: redis.Redis, keys: Keys, topic: str) -> StoredState:
         counters=counters,
         seconds=time.perf_counter() - started,
     )
+
+
+def _check_ids(ids: np.ndarray, num_ids: int, key: str) -> None:
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= num_ids):
+        raise ServiceError(f"{key} holds a page id outside 0..{num_ids - 1}: not written "
+                           "by rankstream")
 
 
 def load_published(client: redis.Redis, keys: Keys, url_to_id: Any, num_ids: int,

@@ -20,6 +20,7 @@ the broker and the consumer, so that difference is end-to-end throughput.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -246,7 +247,15 @@ def _parse_ids(members: list[bytes], expected: int) -> np.ndarray:
     return ids
 
 
-def _replies(conn: Any, count: int) -> Iterator[Any]:
+# EXEC answers only once every queued command ran. A batch that removes pages with
+# millions of in-links keeps Redis busy past the connection's socket timeout (30 s),
+# and a retry would only run the whole transaction again, and again: so once the
+# transaction is sent, its replies are awaited for as long as its size could take at
+# this pessimistic rate (measured here: 4-7 MB/s of adjacency commands).
+EXEC_BYTES_PER_S = 1_000_000
+
+
+def _replies(conn: Any, count: int, patience_s: float = 0.0) -> Iterator[Any]:
     """The next ``count`` replies on ``conn``, parsed by a hiredis reader of our own.
 
     ``Connection.read_response`` costs ~1 us of Python per reply (measured: 1.4 s of
@@ -262,12 +271,17 @@ def _replies(conn: Any, count: int) -> Iterator[Any]:
         raise redis.ConnectionError("connection closed before the replies were read")
     reader = hiredis.Reader(replyError=redis.ResponseError)
     left = count
+    deadline = time.monotonic() + patience_s
     while left:
         reply = reader.gets()
         if reply is False:
             try:
                 received = sock.recv(1 << 20)
             except TimeoutError as exc:
+                if time.monotonic() < deadline:
+                    # Everything is sent: Redis is queueing or running it (replies go out
+                    # when it has processed what it read, EXEC's included).
+                    continue
                 raise redis.TimeoutError("timeout reading transaction replies") from exc
             except OSError as exc:
                 raise redis.ConnectionError(f"error reading transaction replies: {exc}"
@@ -292,8 +306,9 @@ def transaction(conn: Any, body: Sequence[bytes], commands: int) -> list[Any]:
         conn.send_packed_command(group)
     refused: Exception | None = None
     replies: Any = None
+    patience_s = sum(len(chunk) for chunk in body) / EXEC_BYTES_PER_S
     # +OK of MULTI, +QUEUED per command, then EXEC's reply
-    for index, reply in enumerate(_replies(conn, commands + 2)):
+    for index, reply in enumerate(_replies(conn, commands + 2, patience_s)):
         if index <= commands:
             if refused is None and isinstance(reply, Exception):
                 refused = reply
@@ -306,5 +321,8 @@ def transaction(conn: Any, body: Sequence[bytes], commands: int) -> list[Any]:
         raise redis.WatchError("a watched key changed; the transaction was not run")
     failures = [r for r in replies if isinstance(r, Exception)]
     if failures:
-        raise TransactionFailed(f"transaction partly failed in Redis: {failures[0]}")
+        # Redis ran the other commands, the batch's offsets (the last one) included.
+        raise TransactionFailed(f"transaction partly failed in Redis ({len(failures)} of "
+                                f"{len(replies)} commands; the others, the offsets "
+                                f"included, were applied): {failures[0]}")
     return list(replies)

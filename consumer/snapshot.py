@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from consumer.graph_write import GraphCounters
-from consumer.keys import ALGORITHMS, Keys, parse_offset_field
+from consumer.keys import ALGORITHMS, Keys
 from consumer.redis_store import StoredState, decoded_hash, redis_errors, topic_offsets
 from rankstream.errors import RankstreamError
 from rankstream.settings import Settings
@@ -219,7 +219,7 @@ def leave_snapshot(client: Any, keys: Keys, path: Path | None, mirror: Any,
             _skipped("the stored graph version is not the mirror's")
             return
         ours = {k: v for k, v in identity.offsets.items()
-                if parse_offset_field(k)[0] == mirror.topic}  # not another topic's
+                if k.rpartition(":")[0] == mirror.topic}  # not another topic's
         if ours != {k: str(v) for k, v in mirror.offsets_fields().items()}:
             _skipped("the stored offsets are not the mirror's")
             return

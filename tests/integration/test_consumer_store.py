@@ -254,6 +254,34 @@ def test_load_of_an_empty_prefix_is_empty(isolated, client):
     assert np.array_equal(stored.removed, np.zeros(0, np.int32))
 
 
+@pytest.mark.parametrize("damage", [
+    ("out:1", "sadd", "4294967297"),  # wrapped to id 1 by int32
+    ("out:1", "sadd", "x"),           # a ValueError traceback
+    ("page:removed", "sadd", "2147483648"),
+    ("page:ts", "hset", "-1"),        # set the last page's ts
+    ("page:url", "hset", "01"),       # beside "1": an id without its URL
+])
+def test_stored_data_rankstream_did_not_write_is_a_clear_error(isolated, client, damage):
+    from rankstream.errors import ServiceError
+
+    keys = Keys(isolated.key_prefix)
+    client.hset(keys.page_url, mapping={"0": "https://a.example/", "1": "https://b.example/",
+                                        "2": "https://c.example/"})
+    client.sadd(keys.out_links(0), 1, 2)
+    load_stored(client, keys, "t")  # intact: loads
+    name, kind, value = damage
+    key = f"{isolated.key_prefix}{name}"
+    if kind == "sadd":
+        client.sadd(key, value)
+    elif name == "page:url":
+        client.hdel(keys.page_url, "2")
+        client.hset(key, value, "https://d.example/")
+    else:
+        client.hset(key, value, 17)
+    with pytest.raises(ServiceError):
+        load_stored(client, keys, "t")
+
+
 def test_status_heartbeats_are_fenced_and_a_state_change_lands_last(isolated, client):
     from consumer.status_writer import StatusWriter
 

@@ -51,3 +51,24 @@ def test_a_command_failing_inside_exec_is_reported(isolated, client):
     client.set(key, "a string")
     with pooled_connection(client) as conn, pytest.raises(TransactionFailed, match="WRONGTYPE"):
         transaction(conn, [command("SADD", key, "1")], 1)
+
+
+def test_an_exec_running_past_the_socket_timeout_is_waited_for_not_retried(
+        isolated, client, monkeypatch):
+    """A batch removing pages with millions of in-links kept Redis busy past the
+    connection's socket timeout; the consumer then retried it, and Redis ran it again."""
+    from consumer import resp
+
+    slow = redis_py.Redis(connection_pool=redis_py.ConnectionPool(
+        **{**client.connection_pool.connection_kwargs, "socket_timeout": 0.3}))
+    key = f"{isolated.key_prefix}ran"
+    busy = command("EVAL", "local t = redis.call('TIME') local s = t[1] + t[2] / 1e6 "
+                   "repeat t = redis.call('TIME') until t[1] + t[2] / 1e6 > s + 1 "
+                   "return redis.call('INCR', KEYS[1])", 1, key)
+    monkeypatch.setattr(resp, "EXEC_BYTES_PER_S", 10.0)  # patience: many seconds
+    with pooled_connection(slow) as conn:
+        assert transaction(conn, [busy], 1) == [1]
+    monkeypatch.setattr(resp, "EXEC_BYTES_PER_S", 1e12)  # no patience: the old behaviour
+    with pooled_connection(slow) as conn, pytest.raises(redis_py.TimeoutError):
+        transaction(conn, [busy], 1)
+    slow.close()

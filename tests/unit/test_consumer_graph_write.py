@@ -17,7 +17,7 @@ from consumer.graph_write import (
     group_members,
     plan_links,
 )
-from consumer.keys import Keys, offset_field, parse_offset_field
+from consumer.keys import Keys, offset_field
 from ranker.edge_batches import EdgeBatch
 from ranker.linkgraph import LinkGraph
 
@@ -118,8 +118,12 @@ def test_bookkeeping_ends_with_counters_and_offsets():
     assert cmds[-1] == ("HSET", "t:offsets", "topic:0", 10)
 
 
-def test_offset_field_round_trips_dotted_topics():
-    assert parse_offset_field(offset_field("rankstream.links", 3)) == ("rankstream.links", 3)
+def test_offset_field_round_trips_dotted_topics_and_skips_other_fields():
+    from consumer.redis_store import topic_offsets
+
+    fields = {offset_field("rankstream.links", 3): 7, offset_field("rankstream", 1): 2,
+              "a note by hand": "x"}
+    assert topic_offsets(fields, "rankstream.links") == {3: 7}
 
 
 def test_new_pages_travel_as_one_script_call_or_plain_hsets():
