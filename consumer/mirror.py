@@ -57,7 +57,7 @@ class Mirror:
     topic: str
     load_seconds: float = 0.0
     start_reports: dict[str, Any] = field(default_factory=dict)
-    # What the live score ZSETs held at load (by id, 0 = absent), so the publisher
+    # What the live score ZSETs held at load (by id, NaN = absent), so the publisher
     # need not rewrite them from scratch; empty when loaded with another warm start.
     published: dict[str, np.ndarray] = field(default_factory=dict)
 

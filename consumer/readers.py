@@ -111,9 +111,11 @@ class Meta:
 
     @property
     def relative_bound(self) -> float:
-        """The bound as a share of sum(y): what ``tolerance`` is compared with, and the
-        L1 bound on the probability scale (x = y / sum(y)). The publisher's own figure
-        (:func:`consumer.publication.meta_fields`) when the hash has one."""
+        """The bound as a share of sum(y): what ``tolerance`` is compared with. On the
+        probability scale (x = y / total) the L1 error is at most TWICE this: the
+        published total is off from the exact sum by up to the bound too. The
+        publisher's own figure (:func:`consumer.publication.meta_fields`) when the hash
+        has one."""
         if self.stored_relative is not None:
             return self.stored_relative
         return relative_bound(self.bound, self.total)

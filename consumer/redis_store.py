@@ -201,13 +201,16 @@ def load_published(client: redis.Redis, keys: Keys, url_to_id: Any, num_ids: int
                    algorithms: Sequence[str] = ALGORITHMS) -> dict[str, np.ndarray]:
     """The last published score vectors, by page id (warm start after a restart).
 
-    ``url_to_id`` maps a URL to its id or None. Pages missing from a ZSET get 0.
-    An algorithm with an empty ZSET is left out (the engine starts it cold).
+    ``url_to_id`` maps a URL to its id or None. Pages missing from a ZSET get NaN,
+    not 0: an engine can leave a live page at exactly 0 after a capped refresh, and
+    its member is present all the same (a warm start reads NaN as 0,
+    :meth:`consumer.score_publisher.ScorePublisher.adopt` as absent). An algorithm
+    with an empty ZSET is left out (the engine starts it cold).
     """
     warm: dict[str, np.ndarray] = {}
     with redis_errors("loading the published scores"):
         for algorithm in algorithms:
-            vector = np.zeros(num_ids, dtype=np.float64)
+            vector = np.full(num_ids, np.nan)
             seen = 0
             cursor = 0
             while True:

@@ -63,6 +63,7 @@ unconverged vector is never advertised as converged.
 from __future__ import annotations
 
 import contextlib
+import math
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -184,17 +185,17 @@ class ScorePublisher:
 
     def live_record(self, algorithm: str) -> tuple[str, np.ndarray] | None:
         """``(publication id, scores by page id)`` of the live ZSET as our last swap
-        left it (0 = absent), or None if we have not published it ourselves."""
+        left it (NaN = absent), or None if we have not published it ourselves."""
         live = self._live.get(algorithm)
         publication = self._published_ids.get(algorithm)
         if live is None or publication is None or not self._live_known.get(algorithm):
             return None
-        return publication, live.values
+        return publication, np.where(live.present, live.values, np.nan)
 
     def adopt(self, algorithm: str, values: np.ndarray, publication: str) -> None:
         """Record what the live ZSET of ``algorithm`` holds, as just read from Redis
-        (by page id; 0 = absent: scores of live pages are positive) under the lease,
-        with ``publication``, the id its meta named then ("" if none).
+        (by page id; NaN = absent: a live page's published score can be 0) under the
+        lease, with ``publication``, the id its meta named then ("" if none).
 
         After a restart this saves one full rewrite: the first publication still
         fills an empty back buffer, but the live ZSET it replaces becomes a known
@@ -203,7 +204,8 @@ class ScorePublisher:
         the publisher starts over from scratch (:meth:`reset`).
         """
         values = np.asarray(values, dtype=np.float64)
-        self._live[algorithm] = ZsetRecord(values.copy(), values != 0.0)
+        present = ~np.isnan(values)
+        self._live[algorithm] = ZsetRecord(np.where(present, values, 0.0), present)
         self._live_known[algorithm] = True
         self._published_ids.pop(algorithm, None)
         self._record_ids[algorithm] = publication
@@ -295,6 +297,9 @@ class ScorePublisher:
         summary: list[Published] = []
         swapped: dict[str, bool] = {}
         size = self.chunk_members
+        for algorithm, report in reports.items():  # before any record changes
+            _check_finite(algorithm, np.asarray(ranks.scores(algorithm))[:n], live,
+                          float(report.bound))
         for algorithm, report in reports.items():
             key, back_key = self.keys.scores(algorithm), self.back_key(algorithm)
             if not self._back_dropped.get(algorithm, False):
@@ -450,7 +455,9 @@ class ScorePublisher:
                     if fence is not None:
                         fence.lost.set()
                     raise LockLost(f"lost the consumer lock {lease[0]}") from exc
-                raise ServiceError(f"score publication failed in Redis: {exc}") from exc
+                hint = (" (a Redis user without EVAL: run the consumer with --plain-writes)"
+                        if isinstance(exc, redis.exceptions.NoPermissionError) else "")
+                raise ServiceError(f"score publication failed in Redis: {exc}{hint}") from exc
             if reply == b"mismatch":
                 self.reset()
                 return False
@@ -501,3 +508,12 @@ class ScorePublisher:
                 return False
             self.finish(publication)
         return True
+
+
+def _check_finite(algorithm: str, y: np.ndarray, live: np.ndarray, bound: float) -> None:
+    """The last gate before Redis: a NaN or inf score (an engine bug) made meta say
+    total "nan" or "inf", which every reader then refused, or crashed the consumer
+    with a traceback when it reached a new page's member."""
+    if not (math.isfinite(bound) and np.isfinite(y[live]).all()):
+        raise ServiceError(f"refusing to publish {algorithm}: its scores or bound are not "
+                           f"finite (bound {bound!r}); an engine bug, please report it")

@@ -333,6 +333,39 @@ def test_a_restarted_publisher_adopts_the_live_zset_and_then_writes_only_moves(
     assert all(size < live for size in sizes), sizes  # only what moved, from the start
 
 
+def test_a_live_page_published_at_zero_is_adopted_as_present(isolated, client):
+    """A capped refresh can leave a live page at y = 0, published as 0. Adoption read
+    0 as "absent": the record missed members, the first swap was refused as "changed
+    behind our back", and both ZSETs were rewritten whole."""
+    from consumer.redis_store import load_published
+
+    keys = Keys(isolated.key_prefix)
+    rng = np.random.default_rng(6)
+    ranks = FakeRanks(FakeGraph(), {})
+    first = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6, publish_threshold=0.0,
+                           owner="a")
+    evolve(rng, ranks, 0)
+    graph = ranks.graph
+    zeroed = np.flatnonzero(graph.live)[:3]
+    for algorithm in ALGORITHMS:
+        ranks.y[algorithm][zeroed] = 0.0
+    assert first.send(first.prepare(ranks, exact_reports(ranks), version=0, offsets={}))
+    ids = {url: i for i, url in enumerate(graph.urls)}
+    second = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6, publish_threshold=0.0,
+                            owner="b")
+    for algorithm, values in load_published(client, keys, ids.get, graph.num_ids).items():
+        assert (values[zeroed] == 0.0).all()
+        second.adopt(algorithm, values, client.hget(keys.meta(algorithm), "publication").decode())
+        second.seed_back_buffer(algorithm)
+    for algorithm in ALGORITHMS:
+        ranks.y[algorithm][zeroed] = 0.5
+    reports = exact_reports(ranks)
+    publication = second.prepare(ranks, reports, version=1, offsets={})
+    assert second.send(publication)
+    assert publication.members < int(graph.live.sum())  # the moves only, not a rewrite
+    check(client, keys, ranks, reports)
+
+
 def test_a_seeded_back_buffer_with_a_member_we_cannot_name_is_refused_then_replaced(
         isolated, client):
     """A live ZSET member without a page id (left by someone else) makes the adopted

@@ -34,7 +34,7 @@ def _assert_same_mirror(a: Mirror, b: Mirror) -> None:
     assert a.counters == b.counters and a.offsets == b.offsets
     assert a.published.keys() == b.published.keys() and a.published
     for algorithm, values in a.published.items():
-        assert np.array_equal(values, b.published[algorithm])
+        assert np.array_equal(values, b.published[algorithm], equal_nan=True)
         assert np.allclose(a.ranks.scores(algorithm), b.ranks.scores(algorithm), atol=1e-9)
 
 

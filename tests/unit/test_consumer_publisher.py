@@ -255,3 +255,26 @@ def test_the_published_total_counts_only_the_pages_published():
         members = scores.y[item.algorithm][:n][absorbed_live].sum()
         assert item.total == pytest.approx(members, rel=1e-12)
         assert reports[item.algorithm].total == pytest.approx(members, rel=1e-12)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_score_is_refused_before_anything_is_written(bad):
+    """Meta said total "nan" (every reader then failed), or a new page's member
+    crashed the consumer with a traceback."""
+    from consumer.keys import Keys
+    from consumer.publishing import ScoresAsOf
+    from consumer.score_publisher import ScorePublisher
+    from ranker import LinkGraph, LiveRanks
+    from rankstream.errors import ServiceError
+
+    graph = LinkGraph.from_id_edges(np.array([0, 1, 2]), np.array([1, 2, 0]),
+                                    ["a", "b", "c"])
+    ranks = LiveRanks(graph)
+    reports = ranks.cold_start()
+    y = {a: np.array(ranks.scores(a)) for a in reports}
+    y["wpr"][1] = bad
+    publisher = ScorePublisher(None, Keys("rs:"), damping=0.85, tolerance=1e-6,
+                               publish_threshold=1e-7)
+    with pytest.raises(ServiceError, match="refusing to publish wpr"):
+        publisher.prepare(ScoresAsOf(graph, y), reports, version=1, offsets={})
+    assert publisher._back == {}  # no record changed
