@@ -250,8 +250,12 @@ class Settings(BaseSettings):
         return None if value == "" else value
 
     # --- Local services (./run services) --------------------------------------
-    cache_dir: Path = Field(default_factory=_default_cache_dir)
-    state_dir: Path = Field(default_factory=lambda: _default_cache_dir() / "state")
+    cache_dir: Path = Field(default_factory=_default_cache_dir, description=(
+        "downloads kept between runs (Kafka's jars), outside the repo"))
+    state_dir: Path = Field(default_factory=lambda: _default_cache_dir() / "state",
+                            description="the local broker's and redis-server's data and "
+                                        "logs; the broker's controller listens on the "
+                                        "Kafka port + 1")
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import functools
 import hashlib
 import re
@@ -193,14 +194,25 @@ def fetch_kafka(
 
     A cache that fails :func:`jars_problem` is fetched again (``log`` is told why).
     The copy lands in a scratch directory and is renamed into place only when
-    complete, so an interrupted download is never mistaken for a cached one.
+    complete, so an interrupted download is never mistaken for a cached one. One
+    fetch at a time per cache (a file lock): two runs sharing the cache both failed,
+    each deleting the other's scratch directory.
     """
     dest = libs_dir_for(cache_dir, version)
-    problem = jars_problem(dest)
-    if problem is None:
+    if jars_problem(dest) is None:
         return dest
-    if log is not None:
-        log(f"fetching Kafka {version} from Maven Central into {dest} ({problem})")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / "fetch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        problem = jars_problem(dest)  # the other run may have fetched them meanwhile
+        if problem is None:
+            return dest
+        if log is not None:
+            log(f"fetching Kafka {version} from Maven Central into {dest} ({problem})")
+        return _fetch_locked(dest, version, install_tools=install_tools, timeout=timeout)
+
+
+def _fetch_locked(dest: Path, version: str, *, install_tools: bool, timeout: float) -> Path:
     mvn = _proc.require_binary("mvn", debian_package="maven", install=install_tools)
     work = dest.parent / "fetch-tmp"
     shutil.rmtree(work, ignore_errors=True)

@@ -143,8 +143,13 @@ def local_services(settings: Settings, *, kafka_version: str = KAFKA_VERSION) ->
     password = password or url.password
     username = settings.redis_username or url.username
     users = (AclUser(username, password),) if username and password else ()
-    state_dir = settings.state_dir.expanduser()
-    cache_dir = settings.cache_dir.expanduser()
+    # Absolute: the JVM and redis-server run in directories of their own, where a
+    # relative path in their arguments and configs would point elsewhere.
+    state_dir = settings.state_dir.expanduser().resolve()
+    cache_dir = settings.cache_dir.expanduser().resolve()
+    if kafka_port >= 65535:
+        raise ConfigError(f"the Kafka port must be below 65535 (its controller takes the "
+                          f"next one), got {kafka_port}")
     return LocalServices(
         kafka=KafkaBroker(
             home=state_dir / "kafka",
@@ -442,12 +447,26 @@ def env_lines(settings: Settings) -> list[str]:
         "KEY_PREFIX": settings.key_prefix,
         "CACHE_DIR": str(settings.cache_dir),
         "STATE_DIR": str(settings.state_dir),
+        "GROUP_ID": settings.group_id,
+        # "" turns snapshots off; unset, they would silently come back on.
+        "SNAPSHOT_DIR": "" if settings.snapshot_dir is None else str(settings.snapshot_dir),
+        # Without these a shell that evals the output talked PLAINTEXT to a SASL broker.
+        "KAFKA_SECURITY_PROTOCOL": settings.kafka_security_protocol,
     }
-    if settings.redis_username:
-        values["REDIS_USERNAME"] = settings.redis_username
+    optional = {
+        "REDIS_USERNAME": settings.redis_username,
+        "REDIS_SSL_CA_CERTS": settings.redis_ssl_ca_certs,
+        "KAFKA_SASL_MECHANISM": settings.kafka_sasl_mechanism,
+        "KAFKA_SASL_USERNAME": settings.kafka_sasl_username,
+        "KAFKA_SSL_CAFILE": settings.kafka_ssl_cafile,
+    }
+    values.update({key: str(value) for key, value in optional.items() if value})
     lines = [f"export RANKSTREAM_{key}={shlex.quote(value)}" for key, value in values.items()]
-    if settings.redis_password is not None:
-        # Credentials given in the URL live in the password setting now, and a secret
-        # is never printed: without this line the exported URL silently lost it.
-        lines.append("# the Redis password is not exported: set RANKSTREAM_REDIS_PASSWORD")
+    # A secret is never printed; credentials given in the URL live in the password
+    # setting, so without these lines the exported settings silently lost them.
+    for name, secret in (("REDIS_PASSWORD", settings.redis_password),
+                         ("KAFKA_SASL_PASSWORD", settings.kafka_sasl_password)):
+        if secret is not None:
+            lines.append(f"# the {name.split('_')[0].title()} password is not exported: "
+                         f"set RANKSTREAM_{name}")
     return lines

@@ -10,7 +10,7 @@ from unittest import mock
 
 import pytest
 
-from rankstream.errors import ServiceError
+from rankstream.errors import ConfigError, ServiceError
 from rankstream.services import kafka, redis, stack
 from rankstream.settings import load_settings
 
@@ -406,3 +406,63 @@ def test_odd_redis_urls_keep_their_credentials_out_and_their_address_whole():
     assert "export RANKSTREAM_REDIS_USERNAME=a" in lines
     assert lines[-1] == "# the Redis password is not exported: set RANKSTREAM_REDIS_PASSWORD"
     assert not any("b@c" in line for line in lines)
+
+
+def test_relative_state_and_cache_dirs_become_absolute_and_the_last_port_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The JVM and redis-server run in directories of their own: a relative path in
+    their arguments pointed inside them, and formatting the storage failed."""
+    monkeypatch.chdir(tmp_path)
+    svc = stack.local_services(load_settings(state_dir=Path(".state"),
+                                             cache_dir=Path(".cache")))
+    assert svc.kafka.home == tmp_path / ".state" / "kafka"
+    assert svc.kafka.libs_dir.is_absolute() and svc.redis.home.is_absolute()
+    with pytest.raises(ConfigError, match="below 65535"):
+        stack.local_services(load_settings(kafka_bootstrap="127.0.0.1:65535"))
+
+
+def test_two_runs_sharing_the_jar_cache_fetch_once(tmp_path: Path) -> None:
+    """Each deleted the other's scratch directory, and both runs failed."""
+    import threading
+    import time
+
+    fetches: list[int] = []
+
+    def maven(argv: list[str], **_: object) -> None:
+        fetches.append(1)
+        time.sleep(0.3)
+        out = Path(next(a for a in argv if a.startswith("-DoutputDirectory="))
+                   .partition("=")[2])
+        out.mkdir()
+        (out / "kafka_2.13-9.9.9.jar").write_bytes(b"jar")
+
+    results: list[Path] = []
+    with mock.patch.object(kafka._proc, "require_binary", return_value="mvn"), \
+            mock.patch.object(kafka._proc, "run_checked", side_effect=maven):
+        runs = [threading.Thread(target=lambda: results.append(
+            kafka.fetch_kafka(tmp_path, "9.9.9"))) for _ in range(2)]
+        for run in runs:
+            run.start()
+        for run in runs:
+            run.join()
+    assert len(fetches) == 1 and len(results) == 2
+    assert kafka.jars_problem(kafka.libs_dir_for(tmp_path, "9.9.9")) is None
+
+
+def test_services_env_exports_the_security_and_snapshot_settings_never_secrets() -> None:
+    from pydantic import SecretStr
+
+    settings = load_settings(kafka_security_protocol="SASL_SSL", kafka_sasl_mechanism="PLAIN",
+                             kafka_sasl_username="crawler",
+                             kafka_sasl_password=SecretStr("k-s3cret"), snapshot_dir="",
+                             group_id="g1")
+    lines = stack.env_lines(settings)
+    text = "\n".join(lines)
+    for exported in ("RANKSTREAM_KAFKA_SECURITY_PROTOCOL=SASL_SSL",
+                     "RANKSTREAM_KAFKA_SASL_MECHANISM=PLAIN",
+                     "RANKSTREAM_KAFKA_SASL_USERNAME=crawler",
+                     "RANKSTREAM_SNAPSHOT_DIR=''", "RANKSTREAM_GROUP_ID=g1"):
+        assert f"export {exported}" in lines, exported
+    assert "k-s3cret" not in text
+    assert "# the Kafka password is not exported: set RANKSTREAM_KAFKA_SASL_PASSWORD" in lines
