@@ -121,11 +121,14 @@ def base_subgraph(
 ) -> BaseSubgraph:
     """The base set of ``roots`` and its links; ``urls`` (root URLs) is filled in place."""
     root_ids = np.asarray(roots, dtype=np.int64)
-    keys = [k for r in roots for k in (f"{prefix}out:{r}", f"{prefix}in:{r}")]
+    # max_in = 0 brings no in-linkers: their sets are not read (a home page's is huge).
+    step = 2 if max_in > 0 else 1
+    keys = [k for r in roots
+            for k in (f"{prefix}out:{r}", f"{prefix}in:{r}")[:step]]
     lengths, flat = read_sets(redis, keys)
     pieces = np.split(flat, np.cumsum(lengths)[:-1]) if len(keys) else []
-    out_sets = dict(zip(roots, pieces[0::2], strict=True))
-    in_sets = dict(zip(roots, pieces[1::2], strict=True))
+    out_sets = dict(zip(roots, pieces[0::step], strict=True))
+    in_sets = dict(zip(roots, pieces[1::2], strict=True)) if step == 2 else {}
 
     base: set[int] = set(roots)
     for links in out_sets.values():
@@ -153,8 +156,8 @@ def base_subgraph(
     rest = [int(p) for p in base_ids if int(p) not in out_sets]
     rest_lengths, rest_flat = read_sets(redis, [f"{prefix}out:{p}" for p in rest])
     owners = np.concatenate([root_ids, np.asarray(rest, dtype=np.int64)])
-    out_lengths = np.concatenate([lengths[0::2], rest_lengths])
-    targets = np.concatenate([*pieces[0::2], rest_flat])
+    out_lengths = np.concatenate([lengths[0::step], rest_lengths])
+    targets = np.concatenate([*pieces[0::step], rest_flat])
     return _subgraph(base_ids, owners, out_lengths, targets, urls, root_ids,
                      drop_intrinsic=drop_intrinsic, host_weighting=host_weighting)
 

@@ -255,11 +255,15 @@ def collect_subgraph(
 
 
 def _top(urls: list[str], scores: np.ndarray, k: int, distance: float) -> list[ScoredPage]:
-    # Stable sort on URL-ordered entries: equal scores come out in URL order. A score
+    # Stable sort on URL-ordered entries: equal scores come out in URL order, equal up
+    # to rounding too (sums taken in another order differ by ~1e-16: a review found
+    # 4,304 of 12,706 exact ties listed against URL order). A score
     # within the solver's distance from its limit may be what the iteration left of a
     # page whose limit is 0 (one in a weaker component: 1e-8 after a power iteration,
     # exactly 0 after the fallback): listing it would depend on which path answered.
-    order = np.argsort(-scores, kind="stable")[:k]
+    top = float(scores.max()) if scores.size else 0.0
+    rounded = np.round(scores / top, 12) if top > 0.0 else scores
+    order = np.argsort(-rounded, kind="stable")[:k]
     return [ScoredPage(urls[i], float(scores[i])) for i in order
             if scores[i] > distance and scores[i] > 0.0]
 

@@ -267,7 +267,9 @@ def match(
             ][: MAX_MATCH_CANDIDATES - taken]
             found.extend(live)
             taken += len(live)
-            if taken >= MAX_MATCH_CANDIDATES or len(found) >= limit:
+            # The whole group (up to the cap) is ranked by PageRank below: stopping at
+            # the first chunk that filled ``limit`` ranked only its lowest ids.
+            if taken >= MAX_MATCH_CANDIDATES:
                 break
         if len(found) >= limit:
             break

@@ -465,3 +465,48 @@ def test_a_page_whose_limit_is_zero_is_not_listed(graph: HandGraph, strong: int,
                       use_cache=False)
     assert [page.url for page in answer.authorities] == ["https://a.org/"]
     assert {page.url for page in answer.hubs} == {f"https://h{i}.org/" for i in range(strong)}
+
+
+def test_a_large_tie_group_is_ranked_whole_up_to_its_cap(graph: HandGraph,
+                                                         monkeypatch: Any) -> None:
+    """The group's reading stopped at the first chunk that filled root_size: only its
+    lowest ids were ranked by PageRank, not the MAX_MATCH_CANDIDATES documented."""
+    from consumer import text_index
+    from consumer.text_index import match
+
+    monkeypatch.setattr(text_index, "MAX_MATCH_CANDIDATES", 10)
+    urls = [f"https://p{i:02d}.org/" for i in range(30)]
+    graph.write(titles={u: "python" for u in urls},
+                pagerank={u: 9.0 if u == urls[22] else 1.0 for u in urls})
+    gone = [*range(0, 8), *range(10, 15)]
+    graph.client.sadd(f"{graph.prefix}page:removed", *gone)
+    found = match(graph.client, graph.prefix, ["python"], 3)
+    # The cap keeps the 10 lowest live ids, 8, 9, 15-22: p22 leads on PageRank.
+    assert [m.url for m in found] == [urls[22], urls[8], urls[9]]
+
+
+def test_equal_authorities_are_listed_by_url_whatever_the_rounding() -> None:
+    """Scores equal but for the order their sums were taken in (~1e-16 apart) were
+    listed by that noise."""
+    from consumer.hits_query import _top
+
+    urls = ["https://a.org/", "https://b.org/", "https://c.org/"]
+    scores = np.array([0.4654394692228809, 0.46543946922288104, 0.1])
+    assert [p.url for p in _top(urls, scores, 3, 0.0)] == urls
+
+
+def test_max_in_zero_reads_no_in_link_sets(graph: HandGraph, monkeypatch: Any) -> None:
+    """The remedy the refusal suggests still read every root's in-set whole."""
+    links = [(f"https://i{i}.org/", "https://r.org/") for i in range(50)]
+    graph.write([*links, ("https://r.org/", "https://o.org/")])
+    read: list[str] = []
+    original = hits_base.read_sets
+
+    def spy(redis: Any, keys: list[str]) -> Any:
+        read.extend(keys)
+        return original(redis, keys)
+
+    monkeypatch.setattr(hits_base, "read_sets", spy)
+    query = HitsQuery(seeds=("https://r.org/",), max_in=0, drop_intrinsic=False)
+    assert sorted(base_urls(graph, query)) == ["https://o.org/", "https://r.org/"]
+    assert not [k for k in read if ":in:" in k]
