@@ -261,9 +261,15 @@ def _top(urls: list[str], scores: np.ndarray, k: int, distance: float) -> list[S
     # within the solver's distance from its limit may be what the iteration left of a
     # page whose limit is 0 (one in a weaker component: 1e-8 after a power iteration,
     # exactly 0 after the fallback): listing it would depend on which path answered.
-    top = float(scores.max()) if scores.size else 0.0
-    rounded = np.round(scores / top, 12) if top > 0.0 else scores
-    order = np.argsort(-rounded, kind="stable")[:k]
+    order = np.argsort(-scores, kind="stable")
+    if order.size > 1:
+        # Runs of neighbours within 1e-12 of the top score of each other are one tie,
+        # listed by URL (rounding to a grid would split ties straddling a grid line).
+        ranked = scores[order]
+        tie = np.abs(np.diff(ranked)) <= 1e-12 * float(ranked[0])
+        group = np.concatenate([[0], np.cumsum(~tie)])
+        order = order[np.lexsort((order, group))]
+    order = order[:k]
     return [ScoredPage(urls[i], float(scores[i])) for i in order
             if scores[i] > distance and scores[i] > 0.0]
 

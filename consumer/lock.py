@@ -173,9 +173,10 @@ class ConsumerLock:
                                 extra={"fields": {"dead_pid": holder.pid, "key": self.key}})
                     self._taken()
                     return
-                # Another consumer took it over first: name that one, not the dead one.
-                winner: Any = self.client.get(self.key)
-                holder = Holder.decode(winner)
+                # Another consumer took it over first: name that one, not the dead one
+                # (or, if it is gone already, try once more below).
+                current = self.client.get(self.key)
+                holder = Holder.decode(current)
             if current is None:  # expired between SET and GET: try once more
                 if self.client.set(self.key, self.value, nx=True, px=self.ttl_ms):
                     self._taken()

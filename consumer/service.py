@@ -323,6 +323,9 @@ class ConsumerService:
         absorbing = self._ranker.submit(mirror.absorb_planned, planned)
         self._uncommitted, self._lagging, self._unrefreshed = commit, full, True
         self._uncommitted_offsets = batch.next_offsets
+        # Counted once its transaction committed (_settle_commit): a batch whose commit
+        # a rebuild voids is polled and processed again, and was counted twice.
+        self._uncommitted_counts = (len(batch.records), planned.write.link_changes)
         refreshing = None
         try:
             if publication is not None:
@@ -343,9 +346,6 @@ class ConsumerService:
         if refreshing is not None:
             pacing.refresh_started(t_rank)  # the ranker thread went on to it
         self.stats.last_batch_seconds = t_rank - started
-        # Counted once its transaction committed (_settle_commit): a batch whose commit
-        # a rebuild voids is polled and processed again, and was counted twice.
-        self._uncommitted_counts = (len(batch.records), planned.write.link_changes)
         log.info("batch", extra={"fields": {
             "messages": len(batch.records), "dead_letters": len(batch.letters),
             "link_changes": planned.write.link_changes, "version": mirror.counters.version,

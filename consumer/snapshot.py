@@ -48,7 +48,9 @@ from rankstream.settings import Settings
 
 log = logging.getLogger("rankstream.consumer.snapshot")
 
-FORMAT = 1
+# 2: published vectors mark a member absent with NaN (1 used 0, which a live page
+# published at 0 also is).
+FORMAT = 2
 KEEP_DAYS = 7.0
 
 

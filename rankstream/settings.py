@@ -71,7 +71,8 @@ class Settings(BaseSettings):
         ge=1e-12,  # ranker.bounds.MIN_TOLERANCE (not imported: settings load without numba)
         lt=1.0,  # a relative L1 bound of 1 or more certifies nothing (ranker.incremental)
         description="relative certified bound: scores are fresh when the L1 error bound "
-        "||r||_1/(1-d) on y is at most tolerance * sum(y), i.e. an L1 bound on x = y/sum(y)",
+        "||r||_1/(1-d) on y is at most tolerance * sum(y); on x = y/sum(y) the L1 error "
+        "is then at most about twice the tolerance",
     )
     publish_threshold: float = Field(
         1e-7, ge=0.0, allow_inf_nan=False,

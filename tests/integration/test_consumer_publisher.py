@@ -83,6 +83,23 @@ def evolve(rng: np.random.Generator, ranks: FakeRanks, step: int) -> None:
         ranks.y[algorithm] = y
 
 
+def restarted_publisher(client: redis_py.Redis, keys: Keys, graph: FakeGraph
+                        ) -> tuple[ScorePublisher, dict[str, np.ndarray]]:
+    """A publisher as a restarted consumer has it: the live ZSETs read back, adopted
+    and seeded into its back buffers. Returns it and the vectors it read."""
+    from consumer.redis_store import load_published
+
+    ids = {url: i for i, url in enumerate(graph.urls)}
+    loaded = load_published(client, keys, ids.get, graph.num_ids)
+    publisher = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6,
+                               publish_threshold=0.0, owner="b")
+    for algorithm, values in loaded.items():
+        publisher.adopt(algorithm, values,
+                        client.hget(keys.meta(algorithm), "publication").decode())
+        publisher.seed_back_buffer(algorithm)
+    return publisher, loaded
+
+
 def exact_reports(ranks: FakeRanks) -> dict[str, Report]:
     """Engine reports of an exact ``y`` (engine bound 0) for every algorithm."""
     return {a: Report(bound=0.0, total=float(ranks.y[a].sum())) for a in ALGORITHMS}
@@ -299,7 +316,6 @@ def test_no_swap_while_fenced_writes_are_suspended_nor_with_a_token_read_before(
 def test_a_restarted_publisher_adopts_the_live_zset_and_then_writes_only_moves(
         isolated, client):
     """After a restart no full write: the back buffer is a server-side copy."""
-    from consumer.redis_store import load_published
 
     keys = Keys(isolated.key_prefix)
     rng = np.random.default_rng(5)
@@ -311,13 +327,7 @@ def test_a_restarted_publisher_adopts_the_live_zset_and_then_writes_only_moves(
         reports = exact_reports(ranks)
         assert first.send(first.prepare(ranks, reports, version=step, offsets={}))
     graph = ranks.graph
-    ids = {url: i for i, url in enumerate(graph.urls)}
-    loaded = load_published(client, keys, ids.get, graph.num_ids)
-    second = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6, publish_threshold=0.0,
-                            owner="b")
-    for algorithm, values in loaded.items():
-        second.adopt(algorithm, values, client.hget(keys.meta(algorithm), "publication").decode())
-        second.seed_back_buffer(algorithm)
+    second, _ = restarted_publisher(client, keys, graph)
     sizes = []
     for step in range(3, 6):
         changed = rng.random(graph.num_ids) < 0.1
@@ -337,7 +347,6 @@ def test_a_live_page_published_at_zero_is_adopted_as_present(isolated, client):
     """A capped refresh can leave a live page at y = 0, published as 0. Adoption read
     0 as "absent": the record missed members, the first swap was refused as "changed
     behind our back", and both ZSETs were rewritten whole."""
-    from consumer.redis_store import load_published
 
     keys = Keys(isolated.key_prefix)
     rng = np.random.default_rng(6)
@@ -350,13 +359,8 @@ def test_a_live_page_published_at_zero_is_adopted_as_present(isolated, client):
     for algorithm in ALGORITHMS:
         ranks.y[algorithm][zeroed] = 0.0
     assert first.send(first.prepare(ranks, exact_reports(ranks), version=0, offsets={}))
-    ids = {url: i for i, url in enumerate(graph.urls)}
-    second = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6, publish_threshold=0.0,
-                            owner="b")
-    for algorithm, values in load_published(client, keys, ids.get, graph.num_ids).items():
-        assert (values[zeroed] == 0.0).all()
-        second.adopt(algorithm, values, client.hget(keys.meta(algorithm), "publication").decode())
-        second.seed_back_buffer(algorithm)
+    second, loaded = restarted_publisher(client, keys, graph)
+    assert all((values[zeroed] == 0.0).all() for values in loaded.values())
     for algorithm in ALGORITHMS:
         ranks.y[algorithm][zeroed] = 0.5
     reports = exact_reports(ranks)
@@ -370,7 +374,6 @@ def test_a_seeded_back_buffer_with_a_member_we_cannot_name_is_refused_then_repla
         isolated, client):
     """A live ZSET member without a page id (left by someone else) makes the adopted
     record wrong: the swap's ZCARD check refuses it, and a full replacement follows."""
-    from consumer.redis_store import load_published
 
     keys = Keys(isolated.key_prefix)
     rng = np.random.default_rng(6)
@@ -381,12 +384,7 @@ def test_a_seeded_back_buffer_with_a_member_we_cannot_name_is_refused_then_repla
     assert first.send(first.prepare(ranks, exact_reports(ranks), version=0, offsets={}))
     client.zadd(keys.scores("pagerank"), {"https://nobody.example/": 0.5})
     graph = ranks.graph
-    ids = {url: i for i, url in enumerate(graph.urls)}
-    second = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6, publish_threshold=0.0,
-                            owner="b")
-    for algorithm, values in load_published(client, keys, ids.get, graph.num_ids).items():
-        second.adopt(algorithm, values, client.hget(keys.meta(algorithm), "publication").decode())
-        second.seed_back_buffer(algorithm)
+    second, _ = restarted_publisher(client, keys, graph)
     evolve(rng, ranks, 1)
     reports = exact_reports(ranks)
     assert not second.send(second.prepare(ranks, reports, version=1, offsets={}))

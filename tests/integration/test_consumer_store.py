@@ -122,6 +122,16 @@ def test_the_loser_of_a_takeover_race_names_the_winner_not_the_dead(isolated, cl
     with pytest.raises(LockHeld, match=f"pid {2**22 + 777} "):
         loser.acquire()
 
+    def gone(expected: bytes) -> bool:  # the winner took it over and already left
+        client.delete(key)
+        return False
+
+    client.set(key, dead.value)
+    loser._compare_and_set = gone  # type: ignore[method-assign]
+    loser.acquire()  # a free lease is taken, not called held
+    assert client.get(key) == loser.value
+    loser.release()
+
 
 def test_a_fenced_transaction_first_extends_a_lease_due_for_renewal(isolated, client):
     """Renewal waits while a fenced transaction holds the mutex, and since Redis 6.0.9

@@ -493,6 +493,9 @@ def test_equal_authorities_are_listed_by_url_whatever_the_rounding() -> None:
     urls = ["https://a.org/", "https://b.org/", "https://c.org/"]
     scores = np.array([0.4654394692228809, 0.46543946922288104, 0.1])
     assert [p.url for p in _top(urls, scores, 3, 0.0)] == urls
+    # Either side of a rounding grid line, one tie all the same.
+    straddle = np.array([0.3000000000005, np.nextafter(0.3000000000005, 1.0), 1.0])
+    assert [p.url for p in _top(urls, straddle, 3, 0.0)] == [urls[2], urls[0], urls[1]]
 
 
 def test_max_in_zero_reads_no_in_link_sets(graph: HandGraph, monkeypatch: Any) -> None:

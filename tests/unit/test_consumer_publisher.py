@@ -278,3 +278,29 @@ def test_a_non_finite_score_is_refused_before_anything_is_written(bad):
     with pytest.raises(ServiceError, match="refusing to publish wpr"):
         publisher.prepare(ScoresAsOf(graph, y), reports, version=1, offsets={})
     assert publisher._back == {}  # no record changed
+
+
+def test_a_redis_user_without_eval_is_told_about_plain_writes():
+    import redis
+
+    from consumer.keys import Keys
+    from consumer.publishing import ScoresAsOf
+    from consumer.score_publisher import ScorePublisher
+    from ranker import LinkGraph, LiveRanks
+    from rankstream.errors import ServiceError
+
+    class NoEval:
+        def execute_command(self, *args: object) -> None:
+            raise redis.exceptions.NoPermissionError(
+                "this user has no permissions to run the 'eval' command")
+
+    graph = LinkGraph.from_id_edges(np.array([0, 1]), np.array([1, 0]), ["a", "b"])
+    ranks = LiveRanks(graph)
+    reports = ranks.cold_start()
+    publisher = ScorePublisher(NoEval(), Keys("rs:"), damping=0.85, tolerance=1e-6,
+                               publish_threshold=1e-7)
+    publication = publisher.prepare(
+        ScoresAsOf(graph, {a: np.array(ranks.scores(a)) for a in reports}), reports,
+        version=1, offsets={})
+    with pytest.raises(ServiceError, match="--plain-writes"):
+        publisher.send_swap(publication)

@@ -240,21 +240,27 @@ def test_cached_kafka_jars_are_checked_against_the_hashes_taken_at_fetch(
     assert kafka.jars_problem(libs) == "1 jar(s) changed since the fetch: b.jar"
 
 
+def _fake_maven(jar: bytes) -> Callable[..., None]:
+    """``mvn`` copying a Kafka 9.9.9 whose one jar holds ``jar``."""
+
+    def maven(argv: list[str], **_: object) -> None:
+        out = Path(next(a for a in argv if a.startswith("-DoutputDirectory="))
+                   .partition("=")[2])
+        out.mkdir()
+        (out / "kafka_2.13-9.9.9.jar").write_bytes(jar)
+
+    return maven
+
+
 def test_a_bad_jar_cache_is_fetched_again_and_says_why(tmp_path: Path) -> None:
     libs = kafka.libs_dir_for(tmp_path, "9.9.9")
     libs.mkdir(parents=True)
     (libs / "kafka_2.13-9.9.9.jar").write_bytes(b"old")
     (libs / ".complete").write_text("kafka_2.13-9.9.9.jar\n")
 
-    def maven(argv: list[str], **_: object) -> None:
-        out = Path(next(a for a in argv if a.startswith("-DoutputDirectory="))
-                   .partition("=")[2])
-        out.mkdir()
-        (out / "kafka_2.13-9.9.9.jar").write_bytes(b"new")
-
     said: list[str] = []
     with mock.patch.object(kafka._proc, "require_binary", return_value="mvn"), \
-            mock.patch.object(kafka._proc, "run_checked", side_effect=maven):
+            mock.patch.object(kafka._proc, "run_checked", side_effect=_fake_maven(b"new")):
         assert kafka.fetch_kafka(tmp_path, "9.9.9", log=said.append) == libs
         assert kafka.fetch_kafka(tmp_path, "9.9.9", log=said.append) == libs  # cached now
     assert said == [f"fetching Kafka 9.9.9 from Maven Central into {libs} "
@@ -428,14 +434,12 @@ def test_two_runs_sharing_the_jar_cache_fetch_once(tmp_path: Path) -> None:
     import time
 
     fetches: list[int] = []
+    fake = _fake_maven(b"jar")
 
     def maven(argv: list[str], **_: object) -> None:
         fetches.append(1)
         time.sleep(0.3)
-        out = Path(next(a for a in argv if a.startswith("-DoutputDirectory="))
-                   .partition("=")[2])
-        out.mkdir()
-        (out / "kafka_2.13-9.9.9.jar").write_bytes(b"jar")
+        fake(argv)
 
     results: list[Path] = []
     with mock.patch.object(kafka._proc, "require_binary", return_value="mvn"), \
