@@ -83,6 +83,21 @@ def evolve(rng: np.random.Generator, ranks: FakeRanks, step: int) -> None:
         ranks.y[algorithm] = y
 
 
+def published_once(client: redis_py.Redis, keys: Keys, *, seed: int, zeroed: int = 0
+                   ) -> tuple[FakeRanks, np.random.Generator]:
+    """One publication by a first consumer, of a random graph (its first ``zeroed``
+    live pages published at 0). Returns the ranks and the generator, for more steps."""
+    rng = np.random.default_rng(seed)
+    ranks = FakeRanks(FakeGraph(), {})
+    first = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6, publish_threshold=0.0,
+                           owner="a")
+    evolve(rng, ranks, 0)
+    for algorithm in ALGORITHMS:
+        ranks.y[algorithm][np.flatnonzero(ranks.graph.live)[:zeroed]] = 0.0
+    assert first.send(first.prepare(ranks, exact_reports(ranks), version=0, offsets={}))
+    return ranks, rng
+
+
 def restarted_publisher(client: redis_py.Redis, keys: Keys, graph: FakeGraph
                         ) -> tuple[ScorePublisher, dict[str, np.ndarray]]:
     """A publisher as a restarted consumer has it: the live ZSETs read back, adopted
@@ -316,7 +331,6 @@ def test_no_swap_while_fenced_writes_are_suspended_nor_with_a_token_read_before(
 def test_a_restarted_publisher_adopts_the_live_zset_and_then_writes_only_moves(
         isolated, client):
     """After a restart no full write: the back buffer is a server-side copy."""
-
     keys = Keys(isolated.key_prefix)
     rng = np.random.default_rng(5)
     ranks = FakeRanks(FakeGraph(), {})
@@ -347,18 +361,10 @@ def test_a_live_page_published_at_zero_is_adopted_as_present(isolated, client):
     """A capped refresh can leave a live page at y = 0, published as 0. Adoption read
     0 as "absent": the record missed members, the first swap was refused as "changed
     behind our back", and both ZSETs were rewritten whole."""
-
     keys = Keys(isolated.key_prefix)
-    rng = np.random.default_rng(6)
-    ranks = FakeRanks(FakeGraph(), {})
-    first = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6, publish_threshold=0.0,
-                           owner="a")
-    evolve(rng, ranks, 0)
+    ranks, _ = published_once(client, keys, seed=6, zeroed=3)
     graph = ranks.graph
     zeroed = np.flatnonzero(graph.live)[:3]
-    for algorithm in ALGORITHMS:
-        ranks.y[algorithm][zeroed] = 0.0
-    assert first.send(first.prepare(ranks, exact_reports(ranks), version=0, offsets={}))
     second, loaded = restarted_publisher(client, keys, graph)
     assert all((values[zeroed] == 0.0).all() for values in loaded.values())
     for algorithm in ALGORITHMS:
@@ -374,14 +380,8 @@ def test_a_seeded_back_buffer_with_a_member_we_cannot_name_is_refused_then_repla
         isolated, client):
     """A live ZSET member without a page id (left by someone else) makes the adopted
     record wrong: the swap's ZCARD check refuses it, and a full replacement follows."""
-
     keys = Keys(isolated.key_prefix)
-    rng = np.random.default_rng(6)
-    ranks = FakeRanks(FakeGraph(), {})
-    first = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6, publish_threshold=0.0,
-                           owner="a")
-    evolve(rng, ranks, 0)
-    assert first.send(first.prepare(ranks, exact_reports(ranks), version=0, offsets={}))
+    ranks, rng = published_once(client, keys, seed=6)
     client.zadd(keys.scores("pagerank"), {"https://nobody.example/": 0.5})
     graph = ranks.graph
     second, _ = restarted_publisher(client, keys, graph)

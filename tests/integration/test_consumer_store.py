@@ -179,9 +179,17 @@ def test_fenced_transaction_aborts_when_the_lease_changes(isolated, client):
     assert not lock.renew() and lock.lost.is_set()
 
 
-def _recovery(client, keys: Keys, lock: ConsumerLock) -> Recovery:
-    return Recovery(client, lock, keys, "t", ConsumerStats(), Backoff(0.001, 0.001),
-                    stop_grace_s=1.0, set_state=lambda _state: None)
+def _committed_once(client, keys: Keys) -> tuple[ConsumerLock, Recovery]:
+    """A consumer's lease and recovery after its first graph transaction (version 1,
+    offset 10 on partition 0 of topic t)."""
+    lock = ConsumerLock(client, keys.lock, ttl_ms=5000)
+    lock.acquire()
+    recovery = Recovery(client, lock, keys, "t", ConsumerStats(), Backoff(0.001, 0.001),
+                        stop_grace_s=1.0, set_state=lambda _state: None)
+    commit_graph(client, keys, GraphWrite(counters=GraphCounters(version=1),
+                                          offsets={"t:0": 10}), fence=lock)
+    recovery.committed = (1, {"t:0": 10})
+    return lock, recovery
 
 
 def test_after_a_foreign_write_no_writer_thread_commits_until_the_rebuild(isolated, client):
@@ -190,12 +198,7 @@ def test_after_a_foreign_write_no_writer_thread_commits_until_the_rebuild(isolat
     committed its batch, planned on the stale mirror, over the other's writes (a
     review's repro)."""
     keys = Keys(isolated.key_prefix)
-    lock = ConsumerLock(client, keys.lock, ttl_ms=5000)
-    lock.acquire()
-    recovery = _recovery(client, keys, lock)
-    commit_graph(client, keys, GraphWrite(counters=GraphCounters(version=1),
-                                          offsets={"t:0": 10}), fence=lock)
-    recovery.committed = (1, {"t:0": 10})
+    lock, recovery = _committed_once(client, keys)
     client.delete(keys.lock)  # frozen past the TTL; another consumer writes and stops
     other = ConsumerLock(client, keys.lock, ttl_ms=5000, pid=1)
     other.acquire()
@@ -227,12 +230,7 @@ def test_after_a_foreign_write_no_writer_thread_commits_until_the_rebuild(isolat
 
 def test_a_lease_retaken_with_no_foreign_write_carries_on(isolated, client):
     keys = Keys(isolated.key_prefix)
-    lock = ConsumerLock(client, keys.lock, ttl_ms=5000)
-    lock.acquire()
-    recovery = _recovery(client, keys, lock)
-    commit_graph(client, keys, GraphWrite(counters=GraphCounters(version=1),
-                                          offsets={"t:0": 10}), fence=lock)
-    recovery.committed = (1, {"t:0": 10})
+    lock, recovery = _committed_once(client, keys)
     client.delete(keys.lock)
     attempts = []
 
