@@ -287,9 +287,10 @@ class ConsumerLock:
         self._expect_ours(conn.read_response())
 
     def _expect_ours(self, current: Any) -> None:
-        if current != self.value or self.suspended.is_set():
+        if current != self.value:
             self.lost.set()
             raise LockLost(f"lost the consumer lock {self.key}")
+        self.check_not_suspended()
 
     def reacquire(self) -> bool:
         """After a loss: take the lease again if it is free. False if another holds it.

@@ -180,14 +180,17 @@ class Recovery:
         self.lock.suspended.clear()
         self.lock.lost.clear()  # set by the writes refused meanwhile
 
+    def _taken_by_another(self) -> LockHeld:
+        return LockHeld(f"another consumer took {self.keys.lock} while this one was "
+                        "stalled; stopping")
+
     def _regain_lease_locked(self) -> None:
         suspended = self.lock.suspended
         if suspended.is_set():
             # Left by an earlier regain: another consumer holds the lease, or wrote, or
             # the check failed before it could tell (only a rebuild is safe then).
             if self._held_by_another:
-                raise LockHeld(f"another consumer took {self.keys.lock} while this one "
-                               "was stalled; stopping")
+                raise self._taken_by_another()
             raise MirrorStale("the lease lapsed and Redis may hold another consumer's "
                               "writes; the in-memory graph must be rebuilt")
         suspended.set()
@@ -198,8 +201,7 @@ class Recovery:
             return
         if not self.retry("taking the lease again", self.lock.reacquire):
             self._held_by_another = True
-            raise LockHeld(f"another consumer took {self.keys.lock} while this one was "
-                           "stalled; stopping")
+            raise self._taken_by_another()
         with redis_errors("checking for foreign writes"):
             stored_version = self.client.hget(self.keys.graph, "version")
             stored_offsets = self.client.hgetall(self.keys.offsets)

@@ -306,7 +306,7 @@ def transaction(conn: Any, body: Sequence[bytes], commands: int) -> list[Any]:
         conn.send_packed_command(group)
     refused: Exception | None = None
     replies: Any = None
-    patience_s = sum(len(chunk) for chunk in body) / EXEC_BYTES_PER_S
+    patience_s = sum(map(len, body)) / EXEC_BYTES_PER_S
     # +OK of MULTI, +QUEUED per command, then EXEC's reply
     for index, reply in enumerate(_replies(conn, commands + 2, patience_s)):
         if index <= commands:
