@@ -3,8 +3,8 @@
 Exactly-once rests on two facts:
 
 1. Everything a batch changes (page-id maps, both adjacency directions, page
-   ts/titles/removal marks, text-index postings, counters) *and* the next Kafka
-   offset of every partition in the batch go into ONE MULTI/EXEC
+   ts/titles/removal marks/crawled flags, text-index postings, counters) *and* the
+   next Kafka offset of every partition in the batch go into ONE MULTI/EXEC
    (:func:`commit_graph`). Redis applies all of it or none of it, so the stored
    offsets always describe exactly the events the stored graph contains.
 2. Every write is idempotent: set semantics (SADD/SREM), absolute values (HSET of
@@ -37,6 +37,7 @@ from consumer.resp import command, pooled_connection, set_commands, transaction
 from ranker.edge_batches import pair_keys, sorted_unique, split_pair_keys
 
 HSET_CHUNK = 1000  # field/value pairs per HSET
+BITFIELD_CHUNK = 1000  # bits set per BITFIELD
 MEMBER_CHUNK = 4000  # members per SADD/SREM: no single command holds Redis long
 
 _EMPTY = np.zeros(0, dtype=np.int32)
@@ -120,6 +121,10 @@ class GraphWrite:
     ts_updates: Mapping[int, int] = field(default_factory=dict)
     titles: Mapping[int, str] = field(default_factory=dict)
     anchors: Sequence[tuple[int, int, str]] = ()
+    crawled_changes: Mapping[int, bool] = field(default_factory=dict)
+    crawled_bitmap: bytes | None = None
+    """The whole ``page:crawled`` bitmap, written before ``crawled_changes``: once, by
+    the first batch after a load from Redis that had none (data of an older version)."""
     counters: GraphCounters = field(default_factory=GraphCounters)
     offsets: Mapping[str, int] = field(default_factory=dict)
 
@@ -273,7 +278,8 @@ def new_pages_commands(keys: Keys, new_pages: Sequence[tuple[int, str]], *,
 
 def bookkeeping_commands(keys: Keys, write: GraphWrite, *, bulk: bool = False
                          ) -> list[Command]:
-    """Everything but the adjacency: id maps, removal marks, ts, titles, counters, offsets."""
+    """Everything but the adjacency: id maps, removal marks, ts, crawled flags, titles,
+    counters, offsets."""
     cmds: list[Command] = new_pages_commands(keys, write.new_pages, bulk=bulk)
     if write.revived_ids:
         cmds.extend(("SREM", keys.page_removed, *c)
@@ -283,6 +289,13 @@ def bookkeeping_commands(keys: Keys, write: GraphWrite, *, bulk: bool = False
                     for c in _chunks(list(write.removed_ids), MEMBER_CHUNK))
     if write.ts_updates:
         cmds.extend(_hset_commands(keys.page_ts, write.ts_updates))
+    if write.crawled_bitmap is not None:
+        cmds.append(("SET", keys.page_crawled, write.crawled_bitmap))
+    if write.crawled_changes:
+        ops = [x for page, flag in sorted(write.crawled_changes.items())
+               for x in ("SET", "u1", page, int(flag))]
+        cmds.extend(("BITFIELD", keys.page_crawled, *c)
+                    for c in _chunks(ops, 4 * BITFIELD_CHUNK))
     if write.titles:
         cmds.extend(_hset_commands(keys.page_title, write.titles))
     cmds.append(("HSET", keys.graph, *[x for kv in write.counters.as_mapping().items()

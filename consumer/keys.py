@@ -43,6 +43,12 @@ class Keys:
         return f"{self.prefix}page:removed"
 
     @property
+    def page_crawled(self) -> str:
+        """Bitmap (STRING): bit ``id`` set while page ``id`` counts as crawled (the
+        orphan rule of :mod:`rankstream.graph_updates`)."""
+        return f"{self.prefix}page:crawled"
+
+    @property
     def out_head(self) -> str:
         """``out_links(id)`` is this followed by the decimal id."""
         return f"{self.prefix}out:"

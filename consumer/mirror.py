@@ -2,13 +2,13 @@
 
 The mirror is a cache of what Redis holds: the :class:`ranker.LinkGraph` (inside
 :class:`ranker.LiveRanks`), the :class:`rankstream.graph_updates.EventApplier`
-with its last-ts record, the removed-page flags, the counters and the offsets.
-It is built from Redis at start (:meth:`Mirror.load`; from a restart snapshot
-instead when one still matches Redis, :mod:`consumer.snapshot`) and rebuilt whenever
-it may disagree with Redis (another writer took the lease in between). During normal
-operation it runs at most two batches ahead of Redis: the batch whose transaction
-is in flight and the next one being planned meanwhile (the service publishes
-scores only for committed batches).
+with its last-ts record and crawled flags, the removed-page flags, the counters and
+the offsets. It is built from Redis at start (:meth:`Mirror.load`; from a restart
+snapshot instead when one still matches Redis, :mod:`consumer.snapshot`) and rebuilt
+whenever it may disagree with Redis (another writer took the lease in between).
+During normal operation it runs at most two batches ahead of Redis: the batch whose
+transaction is in flight and the next one being planned meanwhile (the service
+publishes scores only for committed batches).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import redis
 
 from consumer.graph_write import GraphCounters, GraphWrite, plan_links
 from consumer.keys import Keys, offset_field
-from consumer.redis_store import StoredState, load_published, load_stored
+from consumer.redis_store import StoredState, crawled_bitmap, load_published, load_stored
 from consumer.snapshot import read_identity, read_snapshot
 from rankstream.settings import Settings
 
@@ -57,6 +57,9 @@ class Mirror:
     topic: str
     load_seconds: float = 0.0
     start_reports: dict[str, Any] = field(default_factory=dict)
+    # Redis holds no page:crawled bitmap (data of a version before the orphan rule):
+    # the next batch writes it whole.
+    crawled_unwritten: bool = False
     # What the live score ZSETs held at load (by id, NaN = absent), so the publisher
     # need not rewrite them from scratch; empty when loaded with another warm start.
     published: dict[str, np.ndarray] = field(default_factory=dict)
@@ -112,6 +115,12 @@ class Mirror:
             last_ts[ids[inside]] = stamps[inside]
         removed_flag = np.zeros(n, dtype=bool)
         removed_flag[stored.removed] = True
+        crawled = stored.crawled
+        if crawled is None:
+            # Written by a version before the orphan rule: which targets were never
+            # crawled is not known, so every live page counts as crawled (the rule then
+            # removes only pages seen from now on).
+            crawled = graph.live_mask()
         loaded = time.perf_counter()
         published: dict[str, np.ndarray] = {}
         if warm is not None:
@@ -135,10 +144,11 @@ class Mirror:
             "version": counters.version, "load_seconds": round(loaded - started, 3),
             "warm": sorted(warm), "rank_seconds": round(time.perf_counter() - loaded, 3),
             "redis_read_seconds": round(stored.seconds, 3)}})
-        return cls(ranks=ranks, applier=EventApplier(graph, last_ts), removed_flag=removed_flag,
-                   counters=counters, offsets=dict(stored.offsets), topic=settings.topic,
-                   load_seconds=time.perf_counter() - started, start_reports=reports,
-                   published=published)
+        return cls(ranks=ranks, applier=EventApplier(graph, last_ts, crawled),
+                   removed_flag=removed_flag, counters=counters, offsets=dict(stored.offsets),
+                   topic=settings.topic, load_seconds=time.perf_counter() - started,
+                   start_reports=reports, published=published,
+                   crawled_unwritten=stored.crawled is None)
 
     def stored_state(self) -> StoredState:
         """What Redis holds once every planned batch has committed (for snapshots)."""
@@ -154,7 +164,8 @@ class Mirror:
             removed=np.flatnonzero(self.removed_flag[:n]).astype(np.int32),
             edge_src=src, edge_dst=dst,
             last_ts=dict(zip(with_ts.tolist(), last_ts[with_ts].tolist(), strict=True)),
-            offsets=dict(self.offsets), counters=self.counters)
+            offsets=dict(self.offsets), counters=self.counters,
+            crawled=None if self.crawled_unwritten else self.applier.crawled.copy())
 
     def plan(self, events: Sequence[Any], partition_offsets: Mapping[int, int],
              messages: int, dead_letters: int) -> PlannedBatch:
@@ -191,6 +202,9 @@ class Mirror:
             ts_updates=applied.ts_updates,
             titles=applied.titles,
             anchors=applied.anchors,
+            crawled_changes=applied.crawled_changes,
+            crawled_bitmap=(crawled_bitmap(self.applier.crawled) if self.crawled_unwritten
+                            else None),
             counters=counters,
             offsets=offsets,
         )
@@ -216,6 +230,8 @@ class Mirror:
         self.removed_flag[batch.removed_ids] = True
         self.counters = batch.write.counters
         self.offsets.update(batch.partition_offsets)
+        if batch.write.crawled_bitmap is not None:
+            self.crawled_unwritten = False
         if self.graph.num_links != self.counters.links:
             log.error("link count of the mirror differs from the planned one", extra={
                 "fields": {"mirror": int(self.graph.num_links), "planned": self.counters.links}})

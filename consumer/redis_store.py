@@ -125,6 +125,9 @@ class StoredState:
     offsets: dict[int, int]  # partition of the consumed topic -> next offset
     counters: GraphCounters
     seconds: float = 0.0
+    crawled: np.ndarray | None = None
+    """Crawled flag by page id (bool, length ``len(urls)``); None when Redis holds no
+    ``page:crawled`` bitmap although it holds pages: data an older version wrote."""
 
 
 def _hscan_all(client: redis.Redis, key: str) -> dict[bytes, bytes]:
@@ -175,6 +178,7 @@ def load_stored(client: redis.Redis, keys: Keys, topic: str) -> StoredState:
         last_ts = {int(k): int(v) for k, v in _hscan_all(client, keys.page_ts).items()}
         _check_ids(np.fromiter(last_ts, dtype=np.int64, count=len(last_ts)), num_ids,
                    keys.page_ts)
+        crawled = crawled_flags(client.get(keys.page_crawled), num_ids, keys.page_crawled)
         stored_offsets: Any = client.hgetall(keys.offsets)
         offsets = topic_offsets({k.decode(): v for k, v in stored_offsets.items()}, topic)
         graph_hash: Any = client.hgetall(keys.graph)
@@ -188,7 +192,29 @@ def load_stored(client: redis.Redis, keys: Keys, topic: str) -> StoredState:
         offsets=offsets,
         counters=counters,
         seconds=time.perf_counter() - started,
+        crawled=crawled,
     )
+
+
+def crawled_flags(bitmap: Any, num_ids: int, key: str) -> np.ndarray | None:
+    """The ``page:crawled`` bitmap as flags by id (Redis numbers a string's bits from
+    the most significant bit of its first byte); None if absent while there are ids."""
+    if bitmap is None:
+        return None if num_ids else np.zeros(0, dtype=bool)
+    if not isinstance(bitmap, bytes):
+        raise ServiceError(f"{key} is not a bitmap: not written by rankstream")
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="big")
+    if bits.size > num_ids and bits[num_ids:].any():
+        raise ServiceError(f"{key} flags a page id outside 0..{num_ids - 1}: "
+                           "not written by rankstream")
+    flags = np.zeros(num_ids, dtype=bool)
+    flags[: min(bits.size, num_ids)] = bits[:num_ids].astype(bool)
+    return flags
+
+
+def crawled_bitmap(flags: np.ndarray) -> bytes:
+    """:func:`crawled_flags` reversed."""
+    return np.packbits(np.asarray(flags, dtype=bool), bitorder="big").tobytes()
 
 
 def _check_ids(ids: np.ndarray, num_ids: int, key: str) -> None:

@@ -42,15 +42,22 @@ import numpy as np
 
 from consumer.graph_write import GraphCounters
 from consumer.keys import ALGORITHMS, Keys
-from consumer.redis_store import StoredState, decoded_hash, redis_errors, topic_offsets
+from consumer.redis_store import (
+    StoredState,
+    crawled_bitmap,
+    crawled_flags,
+    decoded_hash,
+    redis_errors,
+    topic_offsets,
+)
 from rankstream.errors import RankstreamError
 from rankstream.settings import Settings
 
 log = logging.getLogger("rankstream.consumer.snapshot")
 
 # 2: published vectors mark a member absent with NaN (1 used 0, which a live page
-# published at 0 also is).
-FORMAT = 2
+# published at 0 also is). 3: the crawled flags (the orphan rule).
+FORMAT = 3
 KEEP_DAYS = 7.0
 
 
@@ -104,6 +111,11 @@ def write_snapshot(path: Path, identity: Identity, stored: StoredState,
         "urls": np.frombuffer("\n".join(stored.urls).encode(), dtype=np.uint8),
         "removed": stored.removed, "edge_src": stored.edge_src, "edge_dst": stored.edge_dst,
         "ts_ids": ts_ids, "ts_values": ts_values,
+        # Absent (Redis holds none yet, see StoredState.crawled) is an empty array
+        # beside crawled_known = 0.
+        "crawled_known": np.array([stored.crawled is not None]),
+        "crawled": np.frombuffer(b"" if stored.crawled is None
+                                 else crawled_bitmap(stored.crawled), dtype=np.uint8),
     }
     for algorithm, values in published.items():
         arrays[f"published_{algorithm}"] = np.asarray(values, dtype=np.float64)
@@ -170,6 +182,8 @@ def read_snapshot(path: Path, identity: Identity, topic: str
             published = {name.removeprefix("published_"): data[name]
                          for name in data.files if name.startswith("published_")}
             removed, edge_src, edge_dst = data["removed"], data["edge_src"], data["edge_dst"]
+            crawled = (crawled_flags(bytes(data["crawled"]), counters.ids, "crawled")
+                       if bool(data["crawled_known"][0]) else None)
     except Exception as exc:  # a cache we cannot read (numpy's header parser alone
         # raises SyntaxError and tokenize errors): Redis decides
         _unused(path, f"unreadable: {type(exc).__name__}: {exc}")
@@ -186,7 +200,8 @@ def read_snapshot(path: Path, identity: Identity, topic: str
         return None
     stored = StoredState(urls=urls, removed=removed, edge_src=edge_src, edge_dst=edge_dst,
                          last_ts=last_ts, offsets=topic_offsets(identity.offsets, topic),
-                         counters=counters, seconds=time.perf_counter() - started)
+                         counters=counters, seconds=time.perf_counter() - started,
+                         crawled=crawled)
     return stored, published
 
 

@@ -168,6 +168,10 @@ class LinkGraph:
                 self._pending_live.extend(dead.tolist())
         return ids
 
+    def pending_live(self) -> np.ndarray:
+        """Ids interned or revived since the last :meth:`apply` (repeats possible)."""
+        return np.asarray(self._pending_live, dtype=np.int32)
+
     def id_of(self, key: str) -> int | None:
         """Id of ``key`` or None; does not assign or revive."""
         return self._index.get(key)

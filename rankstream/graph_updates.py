@@ -17,7 +17,17 @@ Semantics (``docs/events.md`` is the user-facing statement of them):
   last ``ts`` recorded for that URL (by either kind) is ignored and counted. Events
   without ``ts`` are applied and record nothing. Link events have no stale rule;
 * self links are no-ops; ``link_removed`` / ``page_removed`` of unknown URLs are
-  no-ops and intern nothing.
+  no-ops and intern nothing;
+* orphan rule: a page counts as CRAWLED once a ``page`` event for it or a
+  ``link_added`` from it is applied, until it is removed. A page never crawled is
+  known only as a link target; one that has no in-link left at the end of the batch
+  (nobody links to it any more) is removed too (``orphans``), as ``page_removed``
+  would, but without recording a ``ts``. No crawler sends ``page_removed`` for a URL
+  it never fetched, so without the rule every URL ever linked to would keep a score
+  forever. A later link to it revives it, as after any removal. The outcome does
+  not depend on how events are cut into batches: a page removed this way at the end
+  of one batch is in exactly the state it would have been in had its last in-link
+  gone in a later batch.
 
 The overlay is finally diffed against the graph, so the batch holds only net
 changes: a link added then removed within the batch appears nowhere. New URLs are
@@ -43,7 +53,7 @@ from producer.schema import (
     PageEvent,
     PageRemovedEvent,
 )
-from ranker.edge_batches import EdgeBatch
+from ranker.edge_batches import EdgeBatch, sorted_unique
 from ranker.linkgraph import LinkGraph
 
 __all__ = ["NO_TS", "AppliedEvents", "EventApplier"]
@@ -67,6 +77,10 @@ class AppliedEvents:
     its last title again), so a batch writes what one-event batches would have."""
     anchors: list[tuple[int, int, str]] = field(default_factory=list)
     """``(src id, dst id, anchor text)`` for links present at the end of the batch."""
+    crawled_changes: dict[int, bool] = field(default_factory=dict)
+    """Page id -> its new crawled flag, for pages whose flag this batch changed."""
+    orphans: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    """Pages the orphan rule removes (also in ``batch.removed_pages``)."""
     applied: int = 0
     stale_ignored: int = 0
 
@@ -182,20 +196,38 @@ class _Overlay:
 
 
 class EventApplier:
-    """Interprets event batches against a graph; keeps the last ``ts`` of each page."""
+    """Interprets event batches against a graph; keeps each page's last ``ts`` and
+    crawled flag."""
 
-    def __init__(self, graph: LinkGraph, last_ts: np.ndarray | None = None) -> None:
-        """``last_ts[id]`` is the recorded ts of page ``id`` (``NO_TS`` if none)."""
+    def __init__(self, graph: LinkGraph, last_ts: np.ndarray | None = None,
+                 crawled: np.ndarray | None = None) -> None:
+        """``last_ts[id]`` is the recorded ts of page ``id`` (``NO_TS`` if none),
+        ``crawled[id]`` its crawled flag (see the orphan rule). A page with out-links
+        counts as crawled whatever ``crawled`` says (only a crawl gives a page
+        out-links), so the default, for a graph built from an edge list, is: the
+        pages with out-links."""
         self.graph = graph
-        size = max(graph.num_ids, 1024, 0 if last_ts is None else len(last_ts))
+        n = graph.num_ids
+        size = max(n, 1024, 0 if last_ts is None else len(last_ts),
+                   0 if crawled is None else len(crawled))
         self._last_ts = np.full(size, NO_TS, dtype=np.int64)
         if last_ts is not None:
             self._last_ts[: len(last_ts)] = np.asarray(last_ts, dtype=np.int64)
+        self._crawled = np.zeros(size, dtype=bool)
+        if crawled is not None:
+            self._crawled[: len(crawled)] = np.asarray(crawled, dtype=bool)
+        self._crawled[:n] |= graph.out_len[:n] > 0
 
     @property
     def last_ts(self) -> np.ndarray:
         """Recorded ts per page id (``NO_TS`` where none), length ``graph.num_ids``."""
         return self._last_ts[: self.graph.num_ids]
+
+    @property
+    def crawled(self) -> np.ndarray:
+        """Crawled flag per page id (see the orphan rule), length ``graph.num_ids``."""
+        self._grow(self.graph.num_ids)
+        return self._crawled[: self.graph.num_ids]
 
     def last_ts_of(self, page_id: int) -> int | None:
         """The recorded ts of ``page_id``, or None."""
@@ -212,6 +244,7 @@ class EventApplier:
         ts_updates: dict[int, int] = {}
         titles: dict[int, str] = {}
         page_anchors: dict[int, list[tuple[int, str]]] = {}
+        crawled: dict[int, bool] = {}  # flags set by this batch, the last one wins
         stale = 0
 
         def is_stale(page: int, ts: int) -> bool:
@@ -230,6 +263,7 @@ class EventApplier:
                 page = intern(event.url)
                 targets = intern_list(event.links)
                 overlay.replace(page, targets, when)
+                crawled[page] = True
                 if event.ts is not None:
                     ts_updates[page] = event.ts
                 if event.title is not None:
@@ -241,7 +275,9 @@ class EventApplier:
                     page_anchors.pop(page, None)
             elif isinstance(event, LinkAddedEvent):
                 if event.src != event.dst:
-                    overlay.add(intern(event.src), intern(event.dst), when)
+                    src_id = intern(event.src)
+                    overlay.add(src_id, intern(event.dst), when)
+                    crawled[src_id] = True
             elif isinstance(event, LinkRemovedEvent):
                 src, dst = graph.id_of(event.src), graph.id_of(event.dst)
                 if src is not None and dst is not None and src != dst:
@@ -256,11 +292,22 @@ class EventApplier:
                         continue
                     ts_updates[page_or_none] = event.ts
                 overlay.remove_page(page_or_none, when)
+                crawled[page_or_none] = False
                 page_anchors.pop(page_or_none, None)
             else:  # pragma: no cover - the schema admits no other type
                 raise TypeError(f"not an event: {event!r}")
 
         batch = overlay.diff()
+        self._grow(graph.num_ids)
+        crawled_changes = {page: flag for page, flag in crawled.items()
+                           if flag != self._crawled[page]}
+        if crawled_changes:
+            changed = np.fromiter(crawled_changes, dtype=np.int64, count=len(crawled_changes))
+            self._crawled[changed] = np.fromiter(crawled_changes.values(), dtype=bool,
+                                                 count=len(crawled_changes))
+        orphans = self._orphans(batch, overlay)
+        if orphans.size:
+            batch.removed_pages = np.union1d(batch.removed_pages, orphans).astype(np.int32)
         final = overlay.final_links()
         anchors = [
             (page, target, text)
@@ -276,18 +323,62 @@ class EventApplier:
             ts_updates=ts_updates,
             titles=titles,
             anchors=anchors,
+            crawled_changes=crawled_changes,
+            orphans=orphans,
             applied=len(events) - stale,
             stale_ignored=stale,
         )
 
+    def _orphans(self, batch: EdgeBatch, overlay: _Overlay) -> np.ndarray:
+        """The pages the orphan rule removes: live at the end of ``batch``, never
+        crawled, and without an in-link.
+
+        Only three kinds of page can end a batch that way, since none started it so
+        (the rule held at the end of the last one): those that lost an in-link
+        (``delete_dst``), those interned or revived by this batch
+        (``graph.pending_live``), and those removed and revived in it (a crawled page
+        becomes uncrawled only by its removal).
+        """
+        graph = self.graph
+        candidates = sorted_unique(np.concatenate([
+            batch.delete_dst, graph.pending_live(),
+            np.fromiter(overlay.removed_at, dtype=np.int32, count=len(overlay.removed_at))]))
+        if candidates.size == 0:
+            return candidates
+        candidates = candidates[~self._crawled[candidates]]  # this batch's flags included
+        if overlay.dead:
+            candidates = candidates[~np.isin(candidates, list(overlay.dead))]
+        if candidates.size == 0:
+            return candidates
+        # The batch is net: each deletion removes a present link, each insertion adds one.
+        in_degree = graph.in_len[candidates].astype(np.int64)
+        in_degree -= _count_of(candidates, batch.delete_dst)
+        in_degree += _count_of(candidates, batch.insert_dst)
+        return candidates[in_degree <= 0].astype(np.int32)
+
+    def _grow(self, needed: int) -> None:
+        if needed > len(self._last_ts):
+            size = max(needed, 2 * len(self._last_ts))
+            grown = np.full(size, NO_TS, dtype=np.int64)
+            grown[: len(self._last_ts)] = self._last_ts
+            self._last_ts = grown
+            flags = np.zeros(size, dtype=bool)
+            flags[: len(self._crawled)] = self._crawled
+            self._crawled = flags
+
     def _record(self, ts_updates: dict[int, int]) -> None:
         if not ts_updates:
             return
-        needed = self.graph.num_ids
-        if needed > len(self._last_ts):
-            grown = np.full(max(needed, 2 * len(self._last_ts)), NO_TS, dtype=np.int64)
-            grown[: len(self._last_ts)] = self._last_ts
-            self._last_ts = grown
+        self._grow(self.graph.num_ids)
         pages = np.fromiter(ts_updates.keys(), dtype=np.int64, count=len(ts_updates))
         stamps = np.fromiter(ts_updates.values(), dtype=np.int64, count=len(ts_updates))
         self._last_ts[pages] = stamps
+
+
+def _count_of(values: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """How often each of the sorted, unique ``values`` occurs in ``items``."""
+    if items.size == 0:
+        return np.zeros(values.size, dtype=np.int64)
+    ordered = np.sort(items)
+    return (np.searchsorted(ordered, values, side="right")
+            - np.searchsorted(ordered, values, side="left")).astype(np.int64)

@@ -60,7 +60,7 @@ def test_graph_transactions_keep_redis_equal_to_the_mirror(isolated, client, bul
             new_pages=applied.new_pages, removed_ids=planned.removed_ids.tolist(),
             revived_ids=revived, delete_src=planned.delete_src, delete_dst=planned.delete_dst,
             insert_src=planned.insert_src, insert_dst=planned.insert_dst,
-            ts_updates=applied.ts_updates,
+            ts_updates=applied.ts_updates, crawled_changes=applied.crawled_changes,
             counters=GraphCounters(version=batch_no, links=planned.links_after),
             offsets={offset_field("t", 0): batch_no + 1})
         commit_graph(client, keys, write, bulk=bulk)
@@ -76,6 +76,9 @@ def test_graph_transactions_keep_redis_equal_to_the_mirror(isolated, client, bul
         assert stored.urls == [graph.key_of(p) for p in range(graph.num_ids)]
         assert stored.offsets == {0: batch_no + 1}
         assert stored.counters.links == graph.num_links
+        assert stored.crawled is not None
+        assert np.array_equal(stored.crawled, applier.crawled)
+    assert applier.crawled.any() and not applier.crawled.all()
     for page in range(graph.num_ids):
         in_ids = {int(x) for x in client.smembers(keys.in_links(page))}
         assert in_ids == set(graph.in_links(page).tolist())

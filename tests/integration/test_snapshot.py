@@ -31,6 +31,8 @@ def _assert_same_mirror(a: Mirror, b: Mirror) -> None:
     assert np.array_equal(ga.live_mask(), gb.live_mask())
     assert np.array_equal(a.removed_flag, b.removed_flag)
     assert np.array_equal(a.applier.last_ts, b.applier.last_ts)
+    assert np.array_equal(a.applier.crawled, b.applier.crawled)
+    assert a.crawled_unwritten == b.crawled_unwritten
     assert a.counters == b.counters and a.offsets == b.offsets
     assert a.published.keys() == b.published.keys() and a.published
     for algorithm, values in a.published.items():
@@ -116,3 +118,31 @@ def test_another_topics_offsets_under_the_prefix_do_not_stop_snapshots(snapshots
     assert path.exists()
     _assert_same_mirror(Mirror.load(client, keys, settings),
                         Mirror.load(client, keys, settings, snapshot=path))
+
+
+def test_data_without_crawled_flags_gets_them_with_every_page_counted_crawled(isolated):
+    """Redis data of a version before the orphan rule has no ``page:crawled`` bitmap:
+    every live page then counts as crawled, and the next batch writes the bitmap.
+    (Without snapshots: that version's are of an older format, never used.)"""
+    settings = isolated.settings.model_copy(update={"snapshot_dir": None})
+    events = list(synthetic_event_dicts(500, seed=9, edit_fraction=0.4))
+    publish(settings, events[:350])
+    consume(settings)
+    client, keys = connect_redis(settings), Keys(settings.key_prefix)
+    client.delete(keys.page_crawled)
+    old = Mirror.load(client, keys, settings)
+    live_then = old.graph.live_mask()
+    assert old.crawled_unwritten and np.array_equal(old.applier.crawled, live_then)
+    assert old.stored_state().crawled is None  # a snapshot must not invent the bitmap
+
+    publish(settings, events[350:])
+    consume(settings)
+    new = Mirror.load(client, keys, settings)
+    assert not new.crawled_unwritten
+    graph, crawled = new.graph, new.applier.crawled
+    removed_since = {graph.id_of(e["url"]) for e in events[350:] if e["type"] == "page_removed"}
+    kept = [p for p in np.flatnonzero(live_then).tolist() if p not in removed_since]
+    assert kept and crawled[kept].all()
+    # The orphan rule's invariant: every live page is crawled or linked to.
+    live = graph.live_mask()
+    assert not (live & ~crawled & (graph.in_len[: graph.num_ids] == 0)).any()

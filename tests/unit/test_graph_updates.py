@@ -40,15 +40,22 @@ def gone(name: str, ts: int | None = None) -> PageRemovedEvent:
     return PageRemovedEvent(url=url(name), ts=ts)
 
 
-def run_batches(batches: Sequence[Sequence[Event]], graph: LinkGraph | None = None
-                ) -> tuple[LinkGraph, EventApplier, list[int]]:
+def run_batches(batches: Sequence[Sequence[Event]], graph: LinkGraph | None = None, *,
+                restart: bool = False) -> tuple[LinkGraph, EventApplier, list[int]]:
+    """``restart``: a new applier for every batch, given what the last one recorded
+    (as a consumer restarted from Redis gets it)."""
     graph = graph if graph is not None else LinkGraph()
     applier = EventApplier(graph)
     stale = []
     for batch in batches:
+        if restart:
+            applier = EventApplier(graph, applier.last_ts.copy(), applier.crawled.copy())
         result = applier.apply(batch)
         graph.apply(result.batch)
         stale.append(result.stale_ignored)
+        # The orphan rule's invariant, which EventApplier._orphans relies on.
+        live = graph.live_mask()
+        assert not (live & ~applier.crawled & (graph.in_len[: graph.num_ids] == 0)).any()
     return graph, applier, stale
 
 
@@ -70,7 +77,8 @@ def live_of(graph: LinkGraph) -> set[str]:
 def test_page_event_replaces_out_links() -> None:
     graph, _, _ = run_batches([[page("a", "b", "c")], [page("a", "c", "d")]])
     assert links_of(graph) == {("a", "c"), ("a", "d")}
-    assert live_of(graph) == {"a", "b", "c", "d"}  # b stays a known (uncrawled) page
+    # b was never crawled and nothing links to it any more: the orphan rule removes it.
+    assert live_of(graph) == {"a", "c", "d"}
 
 
 def test_link_added_and_removed() -> None:
@@ -109,7 +117,7 @@ def test_page_removed_then_revived_in_same_batch() -> None:
 def test_page_removed_then_revived_by_a_link_across_batches() -> None:
     graph, _, _ = run_batches([[page("a", "b"), page("b", "c")], [gone("b")], [added("d", "b")]])
     assert links_of(graph) == {("d", "b")}
-    assert live_of(graph) == {"a", "b", "c", "d"}
+    assert live_of(graph) == {"a", "b", "d"}  # c, linked only from b, went with b's links
 
 
 def test_revival_in_batch_keeps_links_added_after_removal() -> None:
@@ -138,8 +146,55 @@ def test_removed_page_in_removed_pages_unless_revived() -> None:
     applier = EventApplier(graph)
     result = applier.apply([gone("b")])
     assert result.batch.removed_pages.tolist() == [graph.id_of(url("b"))]
-    result = applier.apply([gone("a"), page("a", "c")])
+    result = applier.apply([gone("a"), page("a", "b")])
     assert result.batch.removed_pages.tolist() == []
+
+
+def test_orphan_rule_removes_targets_nobody_links_to() -> None:
+    graph, applier, _ = run_batches([[page("a", "b", "c"), page("c")]])
+    result = applier.apply([page("a")])
+    b, c = graph.id_of(url("b")), graph.id_of(url("c"))
+    assert result.orphans.tolist() == [b]  # c was crawled (its own page event): it stays
+    assert result.batch.removed_pages.tolist() == [b]
+    graph.apply(result.batch)
+    assert live_of(graph) == {"a", "c"}
+    # A link to it later revives it, as after page_removed.
+    result = applier.apply([added("c", "b")])
+    graph.apply(result.batch)
+    assert live_of(graph) == {"a", "b", "c"} and b is not None and c is not None
+
+
+def test_orphan_rule_link_added_marks_its_source_crawled() -> None:
+    graph, applier, _ = run_batches([[added("a", "b")], [removed_link("a", "b")]])
+    assert live_of(graph) == {"a"}  # a, a source, is a crawled page without links now
+    assert applier.crawled.tolist() == [True, False]
+
+
+def test_orphan_rule_within_one_batch_and_for_new_pages() -> None:
+    graph = LinkGraph()
+    applier = EventApplier(graph)
+    result = applier.apply([page("a", "n"), page("a")])
+    assert [url for _, url in result.new_pages] == [url("a"), url("n")]  # interned anyway
+    assert result.orphans.tolist() == [1]
+    graph.apply(result.batch)
+    assert live_of(graph) == {"a"}
+
+
+def test_orphan_rule_after_removal_and_revival_in_one_batch() -> None:
+    # b was crawled; removed, revived by a link that then went: uncrawled, no in-link.
+    graph, applier, _ = run_batches([[page("b")],
+                                     [gone("b"), added("a", "b"), removed_link("a", "b")]])
+    assert live_of(graph) == {"a"}
+    assert applier.crawled.tolist() == [False, True]
+
+
+def test_orphan_rule_on_an_edge_list_graph() -> None:
+    # Pages with out-links count as crawled; the rest are link targets.
+    graph = LinkGraph.from_edges([url("a"), url("b")], [url("b"), url("c")])
+    applier = EventApplier(graph)
+    result = applier.apply([removed_link("b", "c"), removed_link("a", "b")])
+    assert result.orphans.tolist() == [graph.id_of(url("c"))]  # b has out-links: crawled
+    assert result.crawled_changes == {}
 
 
 def test_stale_page_event_is_ignored_and_counted() -> None:
@@ -237,6 +292,7 @@ class Model:
         self.live: set[str] = set()
         self.out: dict[str, set[str]] = {}
         self.last_ts: dict[str, int] = {}
+        self.crawled: set[str] = set()
 
     def _stale(self, key: str, ts: int | None) -> bool:
         return ts is not None and key in self.last_ts and ts < self.last_ts[key]
@@ -251,12 +307,14 @@ class Model:
                 return
             self._touch(event.url, *event.links)
             self.out[event.url] = set(event.links)
+            self.crawled.add(event.url)
             if event.ts is not None:
                 self.last_ts[event.url] = event.ts
         elif isinstance(event, LinkAddedEvent):
             if event.src != event.dst:
                 self._touch(event.src, event.dst)
                 self.out.setdefault(event.src, set()).add(event.dst)
+                self.crawled.add(event.src)
         elif isinstance(event, LinkRemovedEvent):
             self.out.get(event.src, set()).discard(event.dst)
         else:
@@ -268,6 +326,10 @@ class Model:
             for targets in self.out.values():
                 targets.discard(event.url)
             self.live.discard(event.url)
+            self.crawled.discard(event.url)
+        # The orphan rule: a page never crawled lives only while something links to it.
+        linked = {target for targets in self.out.values() for target in targets}
+        self.live -= {key for key in self.live - self.crawled if key not in linked}
 
     def links(self) -> set[tuple[str, str]]:
         return {(s, d) for s, targets in self.out.items() for d in targets}
@@ -302,4 +364,8 @@ def test_batches_equal_event_by_event_model(events: list[Event], cuts: list[int]
 
     single, _, _ = run_batches([[event] for event in events])
     assert links_of(single) == expected_links
+    assert live_of(single) == live_of(graph)
+    restarted, _, _ = run_batches(batches, restart=True)
+    assert links_of(restarted) == expected_links
+    assert live_of(restarted) == live_of(graph)
     assert sum(stale) == sum(run_batches([[e] for e in events])[2])
