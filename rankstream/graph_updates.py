@@ -205,7 +205,7 @@ class EventApplier:
         ``crawled[id]`` its crawled flag (see the orphan rule). A page with out-links
         counts as crawled whatever ``crawled`` says (only a crawl gives a page
         out-links), so the default, for a graph built from an edge list, is: the
-        pages with out-links."""
+        pages with out-links (and those without any link)."""
         self.graph = graph
         n = graph.num_ids
         size = max(n, 1024, 0 if last_ts is None else len(last_ts),
@@ -216,7 +216,12 @@ class EventApplier:
         self._crawled = np.zeros(size, dtype=bool)
         if crawled is not None:
             self._crawled[: len(crawled)] = np.asarray(crawled, dtype=bool)
-        self._crawled[:n] |= graph.out_len[:n] > 0
+        # The orphan rule holds between batches (_orphans relies on it): a live page
+        # without in-links that is not flagged was flagged by nobody (a self link's
+        # source in an edge list, flags a version before the rule left stale), and
+        # is kept as crawled rather than removed whenever a batch happens to name it.
+        unlinked = graph.live_mask() & (graph.in_len[:n] == 0)
+        self._crawled[:n] |= (graph.out_len[:n] > 0) | unlinked
 
     @property
     def last_ts(self) -> np.ndarray:

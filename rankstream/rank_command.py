@@ -106,10 +106,15 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise InputError(f"--tolerance must be at least {MIN_TOLERANCE:g} for HITS "
                          "(below it the change between steps is float64 rounding noise)")
     tally = {"applied": 0, "stale": 0}
-    graph = LinkGraph.from_edges(*read_edges(args.edges)) if args.edges else LinkGraph()
+    sources, targets = read_edges(args.edges) if args.edges else ([], [])
+    graph = LinkGraph.from_edges(sources, targets)
+    # The edge list's sources are the crawled pages (the orphan rule of
+    # rankstream.graph_updates), a source of nothing but a self link included.
+    crawled = np.zeros(graph.num_ids, dtype=bool)
+    crawled[[page for page in map(graph.id_of, set(sources)) if page is not None]] = True
 
     if args.algorithm == "hits":
-        for batch in _edge_batches(graph, args, limits, tally):
+        for batch in _edge_batches(graph, crawled, args, limits, tally):
             graph.apply(batch)
         _report_events(args, tally)
         result = hits(graph.to_csr(), tol=tolerance, max_iter=settings.max_iter)
@@ -132,7 +137,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         max_iter=settings.max_iter,
     )
     report = ranks.cold_start()[args.algorithm]
-    for batch in _edge_batches(graph, args, limits, tally):
+    for batch in _edge_batches(graph, crawled, args, limits, tally):
         report = ranks.apply(batch)[args.algorithm]
     _report_events(args, tally)
     if not report.fresh:
@@ -187,7 +192,8 @@ def _output_errors() -> Iterator[None]:
 
 
 def _edge_batches(
-    graph: LinkGraph, args: argparse.Namespace, limits: Limits, tally: dict[str, int]
+    graph: LinkGraph, crawled: np.ndarray, args: argparse.Namespace, limits: Limits,
+    tally: dict[str, int]
 ) -> Iterator[EdgeBatch]:
     """The event log, ``--batch-size`` events at a time, as net edge batches; counts
     the events applied and the stale ones ignored into ``tally``."""
@@ -196,7 +202,7 @@ def _edge_batches(
     from producer.schema import iter_events
     from rankstream.graph_updates import EventApplier
 
-    applier = EventApplier(graph)
+    applier = EventApplier(graph, crawled=crawled)
     events = (event for _, event in iter_events(args.events, limits))
     for chunk in _chunks(events, args.batch_size):
         applied = applier.apply(chunk)

@@ -10,6 +10,7 @@ marker named after their directory (for ``-m``), set by one hook here.
 from __future__ import annotations
 
 import gc
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +46,17 @@ def _interpreter_settings_restored() -> Iterator[None]:
     gc.unfreeze()
     gc.set_threshold(*threshold)
     sys.setswitchinterval(interval)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # SIGTERM (CI's time limit in .ci/run, a cancelled job) would end Python at once,
+    # without teardown, and leave the fault scenarios' own Kafka and Redis running.
+    # As an interrupt pytest stops, tears every fixture down, then exits.
+    signal.signal(signal.SIGTERM, _interrupted)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

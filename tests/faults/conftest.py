@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from rankstream.settings import Settings
-from tests.faults.stack import FaultStack, start_stack, stop_stack
+from tests.faults.stack import STACK_DIR_NAME, FaultStack, start_stack, stop_stack
 from tests.faults.summary import SUMMARY, summary_lines
 
 
@@ -26,7 +26,7 @@ def _services_running(services: Settings) -> None:
 def fault_stack(services: Settings, tmp_path_factory: pytest.TempPathFactory
                 ) -> Iterator[FaultStack]:
     """A redis-server and a Kafka broker on free ports, only for the fault scenarios."""
-    stack = start_stack(services, tmp_path_factory.mktemp("fault-stack"))
+    stack = start_stack(services, tmp_path_factory.mktemp(STACK_DIR_NAME))
     try:
         yield stack
     finally:

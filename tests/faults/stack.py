@@ -43,6 +43,10 @@ from rankstream.services.redis import redis_binary
 from rankstream.settings import Settings
 
 PYTHON = sys.executable
+# The stack's home directory is named after this (``tmp_path_factory.mktemp`` adds a
+# number), and holds OWNER_FILE: how a later session tells an orphaned stack.
+STACK_DIR_NAME = "rankstream-fault-stack"
+OWNER_FILE = "owner"
 
 
 def free_port() -> int:
@@ -101,6 +105,10 @@ def start_stack(base: Settings, home: Path) -> FaultStack:
     The session's services may be the user's (Docker's, say), so the jars and the
     redis-server binary are fetched and installed here when missing, as ``up`` does.
     """
+    reap_orphaned_stacks()
+    home.mkdir(parents=True, exist_ok=True)
+    me = psutil.Process()
+    (home / OWNER_FILE).write_text(f"{me.pid} {me.create_time()!r}\n")
     cache_dir = base.cache_dir.expanduser()
     fetch_kafka(cache_dir)
     server = RedisServer(home=home / "redis", port=free_port())
@@ -117,6 +125,56 @@ def start_stack(base: Settings, home: Path) -> FaultStack:
         "redis_username": None, "redis_password": None,
         "snapshot_dir": home / "snapshots"})  # restart snapshots go with the stack
     return FaultStack(server, broker, settings, home)
+
+
+def _stack_home(proc: psutil.Process) -> Path | None:
+    """The fault-stack home a process runs in (its cwd) or names (an argument, or an
+    environment variable: the scenarios' consumers get their settings that way), if any."""
+    try:
+        places = [proc.cwd(), *proc.cmdline(), *proc.environ().values()]
+    except (psutil.Error, OSError):
+        return None  # gone, or another user's
+    for place in places:
+        parts = Path(place.removesuffix(" (deleted)")).parts
+        for i, part in enumerate(parts):
+            if part.startswith(STACK_DIR_NAME) and part[len(STACK_DIR_NAME):].isdigit():
+                return Path(*parts[: i + 1])
+    return None
+
+
+def _owner_alive(home: Path) -> bool:
+    try:
+        pid, created = (home / OWNER_FILE).read_text().split()
+        return psutil.Process(int(pid)).create_time() == float(created)
+    except (OSError, ValueError, psutil.Error):
+        return False  # no owner file (pytest pruned the directory), or its owner is gone
+
+
+def reap_orphaned_stacks() -> list[int]:
+    """Stop what fault stacks of ended sessions left running; returns their pids.
+
+    A session that is killed (SIGKILL, a CI job cancelled) runs no teardown, and
+    its broker (a JVM of ~0.5 GB) and redis-server run on, detached, until someone
+    stops them: the next session that starts a stack does. A stack whose owner
+    (the pytest process named in its home's OWNER_FILE) still runs is left alone.
+    """
+    stopped = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        home = _stack_home(proc)
+        if home is None or _owner_alive(home):
+            continue
+        with contextlib.suppress(psutil.Error, OSError):
+            os.kill(proc.pid, signal.SIGCONT)  # a frozen one cannot die of SIGTERM
+            proc.terminate()
+            try:
+                proc.wait(timeout=20.0)
+            except psutil.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10.0)
+            stopped.append(proc.pid)
+    return stopped
 
 
 def stop_stack(stack: FaultStack) -> None:

@@ -16,6 +16,7 @@ from producer.schema import (
     PageEvent,
     PageRemovedEvent,
 )
+from ranker.edge_batches import EdgeBatch
 from ranker.linkgraph import LinkGraph
 from rankstream.graph_updates import NO_TS, EventApplier
 
@@ -369,3 +370,14 @@ def test_batches_equal_event_by_event_model(events: list[Event], cuts: list[int]
     assert links_of(restarted) == expected_links
     assert live_of(restarted) == live_of(graph)
     assert sum(stale) == sum(run_batches([[e] for e in events])[2])
+
+
+def test_a_live_page_without_links_or_flag_counts_as_crawled() -> None:
+    # Flags that break the orphan rule (a version before it wrote them) are repaired
+    # the safe way: the page is kept, not removed whenever a batch happens to name it.
+    graph = LinkGraph()
+    lone, target = graph.intern(url("lone")), graph.intern(url("t"))
+    graph.apply(EdgeBatch(insert_src=[graph.intern(url("s"))], insert_dst=[target]))
+    applier = EventApplier(graph, crawled=np.zeros(graph.num_ids, dtype=bool))
+    assert applier.crawled.tolist() == [True, False, True]  # lone, t (linked), s (source)
+    assert lone == 0

@@ -76,6 +76,25 @@ def test_events_on_top_equal_cold_solve(tmp_path: Path, capsys: pytest.CaptureFi
         assert diff <= 1e-9
 
 
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_edge_list_sources_count_as_crawled_and_targets_do_not(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], batch_size: int) -> None:
+    # a's only line is a self link (dropped), d's in-link goes: a was crawled (it is a
+    # source), d never was (the orphan rule removes it); neither depends on batching.
+    a, b, c, d, x = (f"https://{name}.org/" for name in "abcdx")
+    edges = tmp_path / "edges.tsv"
+    edges.write_text(f"{a}\t{a}\n{b}\t{c}\n{b}\t{d}\n")
+    events = tmp_path / "events.jsonl"
+    lines = [{"type": "link_added", "src": x, "dst": a},
+             {"type": "link_removed", "src": x, "dst": a},
+             {"type": "link_removed", "src": b, "dst": d}]
+    events.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = ["rank", "--edges", str(edges), "--events", str(events),
+            "--batch-size", str(batch_size)]
+    assert main(argv) == 0
+    assert set(_rows(capsys.readouterr().out)) == {a, b, c, x}
+
+
 def test_verify_fails_when_the_certificates_do_not_cover_the_difference(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
