@@ -29,11 +29,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
+import redis as redis_py
+from pydantic import TypeAdapter
 
 from consumer.hits_base import BaseSubgraph, base_subgraph, url_host
 from consumer.redis_store import redis_errors, stored_data
@@ -41,6 +44,8 @@ from consumer.text_index import match, query_terms
 from producer.urls import UrlError, canonicalize_url
 from ranker.hits import hits
 from rankstream.errors import InputError
+
+log = logging.getLogger("rankstream.consumer.hits")
 
 __all__ = [
     "DEFAULT_CACHE_TTL",
@@ -173,10 +178,13 @@ class HitsAnswer:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HitsAnswer:
-        data = dict(data)
-        data["authorities"] = [ScoredPage(**p) for p in data["authorities"]]
-        data["hubs"] = [ScoredPage(**p) for p in data["hubs"]]
-        return cls(**data)
+        """``to_dict`` reversed, every field's type checked (pydantic's ValidationError
+        is a ValueError): a cached answer of the wrong shape must be recomputed, not
+        crash the reader that prints it."""
+        return _ANSWER.validate_python(data)
+
+
+_ANSWER = TypeAdapter(HitsAnswer)
 
 
 def run_hits(
@@ -225,7 +233,13 @@ def run_hits(
         # Reads were not atomic: if the graph moved meanwhile, the answer may mix two
         # states, so it is returned but never cached.
         if use_cache and _versions(redis, prefix) == versions:
-            redis.set(key, json.dumps(answer.to_dict()), ex=cache_ttl)
+            try:
+                redis.set(key, json.dumps(answer.to_dict()), ex=cache_ttl)
+            except redis_py.RedisError as exc:
+                # A read-only replica, an ACL without writes, Redis gone this instant:
+                # the answer stands, only the next identical query pays again.
+                log.warning("HITS answer not cached", extra={"fields": {
+                    "error": f"{type(exc).__name__}: {exc}"}})
     timing["total"] = (time.perf_counter() - started) * 1000.0
     return replace(answer, timing_ms=timing)
 

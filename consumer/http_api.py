@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal
 import uvicorn
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, StringConstraints
 
 from consumer import readers
@@ -207,6 +208,14 @@ def create_app(redis: Any, prefix: str, *, cache_ttl: int = DEFAULT_CACHE_TTL) -
         """Consumer health, graph counters and each algorithm's meta."""
         return readers.json_safe(readers.status(redis, prefix))
 
+    # HEAD wherever GET is, as HTTP asks of a general-purpose server (health checks use
+    # it); the server sends the headers without the body. Left out of the schema: one
+    # operation per path.
+    for route in list(app.routes):
+        if isinstance(route, APIRoute) and "GET" in (route.methods or ()):
+            app.add_api_route(route.path, route.endpoint, methods=["HEAD"],
+                              response_model=route.response_model,
+                              responses=route.responses, include_in_schema=False)
     return app
 
 

@@ -120,10 +120,12 @@ class Meta:
             return self.stored_relative
         return relative_bound(self.bound, self.total)
 
-    def describe(self) -> str:
+    def describe(self, scale: str = "paper") -> str:
         """One line on freshness: the absolute bound beside a relative tolerance made an
-        honest fresh publication look ``total`` times over it."""
-        return describe_bound(self.fresh, self.bound, self.relative_bound, self.tolerance)
+        honest fresh publication look ``total`` times over it. ``scale``: that of the
+        scores printed beside it."""
+        return describe_bound(self.fresh, self.bound, self.relative_bound, self.tolerance,
+                              scale=scale)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -136,11 +138,20 @@ class Meta:
         }
 
 
-def describe_bound(fresh: bool, bound: float, relative: float, tolerance: float) -> str:
-    """``fresh, certified L1 bound 2.1e-04 = 3.9e-07 of sum(y) (tolerance 1e-06 of sum(y))``."""
+def describe_bound(fresh: bool, bound: float, relative: float, tolerance: float, *,
+                   scale: str = "paper") -> str:
+    """``fresh, certified L1 bound 2.1e-04 = 3.9e-07 of sum(y) (tolerance 1e-06 of sum(y))``.
+
+    On the probability scale the bound is that of the scores as printed: at most twice
+    the relative bound (:attr:`Meta.relative_bound`), not the paper-scale figure, which
+    is ``total`` times larger than the scores themselves.
+    """
     state = "fresh" if fresh else "NOT fresh"
     if not math.isfinite(bound):
         return f"{state}, no certified bound yet (tolerance {tolerance:.1e} of sum(y))"
+    if scale == "probability":
+        return (f"{state}, certified L1 bound {2.0 * relative:.1e} on the probability "
+                f"scale (tolerance {tolerance:.1e} of sum(y))")
     return (f"{state}, certified L1 bound {bound:.2e} = {relative:.1e} of sum(y) "
             f"(tolerance {tolerance:.1e} of sum(y))")
 

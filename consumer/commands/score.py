@@ -38,7 +38,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     else:
         for alg, (value, info) in answers.items():
             shown = ("not ranked" if value is None
-                     else f"{value:.10g}  ({info.describe()}, version {info.version})")
+                     else f"{value:.10g}  ({info.describe(args.scale)}, version "
+                           f"{info.version})")
             sys.stdout.write(f"{alg:<9} {shown}\n")
     # Exit 1 when the page is unknown everywhere, so scripts can test for it.
     return 0 if any(v is not None for v in values.values()) else 1

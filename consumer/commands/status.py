@@ -29,8 +29,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     consumer = info["consumer"]
     lock = info["lock"]
     state = consumer.get("state", "-")
-    running = (f"running (pid {lock.get('pid')} on {lock.get('host')})" if lock
-               else "not running")
+    if not lock:
+        running = "not running"
+    elif "raw" in lock:  # a value that is not a lease of ours (readers._status_dict)
+        running = f"lease key holds an unexpected value {lock['raw']!r}"
+    else:
+        running = f"running (pid {lock.get('pid')} on {lock.get('host')})"
     if not lock and state in ("running", "waiting"):
         # Its last word, not its state: it stopped without a clean exit, and its lease
         # has expired (until then, up to RANKSTREAM's lease TTL, it still shows running).

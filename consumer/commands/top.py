@@ -41,7 +41,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                          f"{settings.key_prefix!r} yet\n")
         return 0
     sys.stdout.write(f"{args.algorithm} top {len(rows)} ({args.scale} scale) - "
-                     f"{info.describe()}, version {info.version}, "
+                     f"{info.describe(args.scale)}, version {info.version}, "
                      f"refreshed {info.refreshed_at}\n")
     for i, (url, value) in enumerate(rows, start=1):
         sys.stdout.write(f"{i:>4}  {value:.8f}  {url}\n")

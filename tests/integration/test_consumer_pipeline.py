@@ -304,6 +304,11 @@ def test_readers_and_cli_commands(isolated, capsys):
     assert top_cmd.run(argparse.Namespace(k=2, algorithm="pagerank", scale="probability",
                                           json=False), settings) == 0
     info = readers.meta(client, settings.key_prefix, "pagerank")
+    # Probability-scale scores get the bound on their own scale (at most 2x relative).
+    assert (f"fresh, certified L1 bound {2 * info.bound / info.total:.1e} on the probability "
+            f"scale (tolerance {settings.tolerance:.1e} of sum(y))") in capsys.readouterr().out
+    assert top_cmd.run(argparse.Namespace(k=2, algorithm="pagerank", scale="paper",
+                                          json=False), settings) == 0
     assert (f"fresh, certified L1 bound {info.bound:.2e} = {info.bound / info.total:.1e} of "
             f"sum(y) (tolerance {settings.tolerance:.1e} of sum(y))") in capsys.readouterr().out
     assert score_cmd.run(argparse.Namespace(url=hub, algorithm=None, scale="paper", json=False),

@@ -191,6 +191,16 @@ def test_status_and_an_unpublished_ranking(http: httpx.Client) -> None:
     assert wpr["entries"] == [] and wpr["meta"]["bound"] is None
 
 
+def test_head_answers_wherever_get_does(http: httpx.Client) -> None:
+    # HTTP asks it of every GET resource, and health checks use it.
+    for path in ("/status", "/top", "/hits?q=python"):
+        head, get = http.head(path), http.get(path)
+        assert head.status_code == get.status_code == 200
+        # (The length is that of the body a GET would get now: /status changes by itself.)
+        assert head.content == b"" and int(head.headers["content-length"]) > 0
+    assert http.head("/score", params={"url": "https://unknown.example/"}).status_code == 404
+
+
 # The schema does not depend on Redis, so it is loaded at import from the app's own
 # OpenAPI document (schemathesis' lazy from_fixture loader does not run on pytest 9);
 # the requests still go over TCP to the uvicorn server of the `served` fixture.

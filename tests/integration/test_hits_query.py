@@ -6,6 +6,7 @@ Each test writes a hand-made graph straight into Redis in the public layout
 
 from __future__ import annotations
 
+import json
 import random
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -16,6 +17,7 @@ import networkx as nx
 import numpy as np
 import pytest
 import redis as redis_py
+from pydantic import SecretStr
 
 from consumer import hits_base
 from consumer.hits_base import url_hosts
@@ -393,6 +395,37 @@ def test_cache_hit_then_invalidated_by_a_graph_change(graph: HandGraph) -> None:
     assert fresh.authorities[0].url == "https://good1.org/"
     assert fresh.links == first.links - 5
     assert run_hits(graph.client, graph.prefix, query).cached
+
+
+def test_a_cached_answer_of_the_wrong_shape_is_recomputed(graph: HandGraph) -> None:
+    seeds = tuple(_mutual_reinforcement(graph))
+    query = HitsQuery(seeds=seeds, k=3)
+    first = run_hits(graph.client, graph.prefix, query)
+    key = next(graph.client.scan_iter(f"{graph.prefix}hits:cache:*"))
+    entry = json.loads(graph.client.get(key))
+    entry["authorities"][0]["score"] = "high"  # well-formed JSON, a field of the wrong type
+    graph.client.set(key, json.dumps(entry))
+    again = run_hits(graph.client, graph.prefix, query)
+    assert not again.cached and again.authorities == first.authorities
+
+
+def test_an_answer_that_cannot_be_cached_is_still_answered(
+        graph: HandGraph, services: Settings) -> None:
+    """A reader allowed to read only (a replica, an ACL): the cache write fails."""
+    seeds = tuple(_mutual_reinforcement(graph))
+    user, password = f"reader-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    graph.client.acl_setuser(user, enabled=True, passwords=[f"+{password}"],
+                             keys=[f"{graph.prefix}*"],
+                             commands=["+@read", "+@connection", "+@transaction"])
+    reader = redis_client(services.model_copy(update={
+        "redis_username": user, "redis_password": SecretStr(password)}))
+    try:
+        answer = run_hits(reader, graph.prefix, HitsQuery(seeds=seeds, k=3))
+        assert answer.authorities and not answer.cached
+        assert not list(graph.client.scan_iter(f"{graph.prefix}hits:cache:*"))
+    finally:
+        reader.close()
+        graph.client.acl_deluser(user)
 
 
 def test_seed_order_is_part_of_the_cache_key_when_it_decides_the_root_set(

@@ -25,6 +25,7 @@ from consumer.prefetch import (
     decode_records,
 )
 from consumer.publication import is_fresh, meta_fields
+from consumer.readers import describe_bound
 from consumer.recovery import Backoff
 from consumer.serve_cli import _bind
 from consumer.stats import (
@@ -467,3 +468,12 @@ def test_failing_polls_back_off_more_each_time_and_a_stop_cuts_the_wait_short():
     waits.clear()
     fetcher.decode_during(_Work(full, 100), current, _never)
     assert waits == [] and fetcher._failed_polls == 1 and not fetcher.ahead
+
+
+def test_the_bound_is_described_on_the_scale_of_the_scores_beside_it() -> None:
+    paper = describe_bound(True, 0.016, 1e-6, 1e-6)
+    assert paper == ("fresh, certified L1 bound 1.60e-02 = 1.0e-06 of sum(y) "
+                     "(tolerance 1.0e-06 of sum(y))")
+    probability = describe_bound(False, 0.016, 1e-6, 1e-6, scale="probability")
+    assert probability == ("NOT fresh, certified L1 bound 2.0e-06 on the probability scale "
+                           "(tolerance 1.0e-06 of sum(y))")
