@@ -67,6 +67,13 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError(f"--seed must be >= 0, got {args.seed}")
     if not 0 < args.links_per_page < math.inf:  # NaN fails this too
         raise InputError(f"--links-per-page must be > 0, got {args.links_per_page}")
+    if args.topic is not None:
+        from kafka.util import ensure_valid_topic_name
+
+        try:  # before connecting: found only after a 30 s wait for Kafka otherwise
+            ensure_valid_topic_name(args.topic)
+        except (ValueError, TypeError) as exc:  # "" too: it is not "no --topic"
+            raise InputError(f"--topic: bad topic name: {exc}") from exc
     if args.file is not None:
         check_readable(args.file)  # before connecting: a typo is not a Kafka error
 
@@ -111,7 +118,7 @@ def _progress(events: Iterable[Event], total: int | None) -> Iterator[Event]:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     _check(args)
-    topic = args.topic or settings.topic
+    topic = settings.topic if args.topic is None else args.topic
     if not args.no_create_topics:
         from rankstream.services.stack import ensure_settings_topics
 

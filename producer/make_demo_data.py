@@ -20,7 +20,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from producer.schema import encode_event, make_event
-from rankstream.edgelist import iter_edges
+from producer.urls import UrlError, canonicalize_url
+from rankstream.edgelist import numbered_edges
 from rankstream.errors import InputError
 
 __all__ = ["build_demo_lines", "main", "write_demo_data"]
@@ -38,10 +39,19 @@ def _title(url: str) -> str:
 
 
 def build_demo_lines(source: Path) -> list[bytes]:
-    """The encoded ``page`` events (without newlines) for the TSV at ``source``."""
+    """The encoded ``page`` events (without newlines) for the TSV at ``source``.
+
+    Sources are grouped by canonical URL (``http://A/`` and ``http://a/`` are one
+    page: two events would have the second replace the first's links); a bad URL is
+    an InputError naming its line.
+    """
     links: dict[str, list[str]] = {}
-    for src, dst in iter_edges(source):
-        links.setdefault(src, []).append(dst)
+    for line_no, src, dst in numbered_edges(source):
+        try:
+            page, target = canonicalize_url(src), canonicalize_url(dst)
+        except UrlError as exc:
+            raise InputError(f"bad url: {exc}", where=f"{source}:{line_no}") from exc
+        links.setdefault(page, []).append(target)
     encoded = []
     for index, (url, targets) in enumerate(links.items()):
         event = make_event({"type": "page", "url": url, "links": targets, "title": _title(url),

@@ -207,7 +207,10 @@ def _not_ahead(millis: int, shown: str) -> int:
 def _shown(value: object, limit: int = 40) -> str:
     """A value from the input as it may appear in an error: JSON spelling (null, not
     None), control characters escaped (a reason is one line, and may reach a terminal),
-    cut to ``limit`` characters."""
+    cut to ``limit`` characters. An array or object is shown as its JSON type: dumping
+    one nested almost as deep as the parser allows ran out of recursion."""
+    if isinstance(value, list | dict):
+        return f"an {_json_type(value)}"
     text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= limit else text[:limit] + "..."
 

@@ -166,6 +166,9 @@ def _canonicalize(url: str) -> str:
     authority = after_slashes[:authority_end]
     path_and_query = after_slashes[authority_end:]
     authority = _canonical_authority(scheme, authority)
+    if not authority and not path_and_query:
+        # "file://:" (an empty port dropped): "file://" again, which names nothing.
+        raise UrlError("nothing after the scheme")
     if not path_and_query and scheme in _SCHEMES_NEEDING_HOST:
         path_and_query = "/"
     elif path_and_query.startswith("?") and scheme in _SCHEMES_NEEDING_HOST:

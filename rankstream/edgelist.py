@@ -25,6 +25,12 @@ def iter_edges(path: Path) -> Iterator[tuple[str, str]]:
     Raises :class:`InputError` naming ``file:line`` for a line that is not exactly
     two non-empty tab-separated fields, or for bytes that are not UTF-8.
     """
+    for _, src, dst in numbered_edges(path):
+        yield src, dst
+
+
+def numbered_edges(path: Path) -> Iterator[tuple[int, str, str]]:
+    """:func:`iter_edges` with each edge's line number: ``(line, src, dst)``."""
     for line_no, raw in numbered_lines(path, MAX_EDGE_LINE_BYTES):
         try:
             text = raw.decode("utf-8")
@@ -38,7 +44,7 @@ def iter_edges(path: Path) -> Iterator[tuple[str, str]]:
                 f"expected 'src<TAB>dst', got {len(fields)} field(s): {text[:80]!r}",
                 where=f"{path}:{line_no}",
             )
-        yield fields[0], fields[1]
+        yield line_no, fields[0], fields[1]
 
 
 def read_edges(path: Path) -> tuple[list[str], list[str]]:

@@ -6,21 +6,23 @@ truncated gzip member at whatever line the decoder had reached. gzip is recognis
 by its magic bytes, not by the file name, so a compressed log without ``.gz`` (or a
 plain one with it) is read as what it is. ``-`` is standard input.
 
-A file is opened once and its magic bytes are peeked at, never read and reopened:
-a pipe (``/dev/stdin``, ``<(...)``) cannot give back what a probe took, and reading
-one twice silently lost its first 8 KiB.
+A file is opened once and its magic bytes are peeked at (or read and put back in
+front of the rest), never read and reopened: a pipe (``/dev/stdin``, ``<(...)``)
+cannot give back what a probe took, and reading one twice silently lost its first
+8 KiB.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import os
 import stat
 import sys
 import zlib
 from collections.abc import Iterator
-from typing import IO, cast
+from typing import IO, Any, cast
 
 from rankstream.errors import InputError
 
@@ -80,12 +82,49 @@ def open_input(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
     raw = _opened(name)
     closing = contextlib.nullcontext(raw) if name == STDIN else raw
     with closing:
-        gzipped = getattr(raw, "peek", lambda _n: b"")(2)[:2] == GZIP_MAGIC
-        if gzipped:
-            with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
+        stream, head = _with_head(raw, len(GZIP_MAGIC))
+        if head == GZIP_MAGIC:
+            with gzip.GzipFile(fileobj=stream, mode="rb") as unzipped:
                 yield cast(IO[bytes], unzipped)  # a BufferedIOBase: what the readers use
         else:
-            yield raw
+            yield stream
+
+
+def _with_head(raw: IO[bytes], count: int) -> tuple[IO[bytes], bytes]:
+    """(a stream of all of ``raw``, its first ``count`` bytes), nothing consumed.
+
+    ``peek`` reads a pipe at most once, and a pipe may deliver a single byte first
+    (``ssh host cat log.gz |``): a gzip stream was then taken for text. So when the
+    peek falls short, the bytes are read and put back in front of the rest.
+    """
+    head = getattr(raw, "peek", lambda _n: b"")(count)[:count]
+    if len(head) >= count:
+        return raw, head
+    head = raw.read(count)  # blocks until count bytes or the end of the input
+    return io.BufferedReader(_Prefixed(head, raw)), head
+
+
+class _Prefixed(io.RawIOBase):
+    """``prefix``, then the rest of ``rest``."""
+
+    def __init__(self, prefix: bytes, rest: IO[bytes]) -> None:
+        self._prefix = prefix
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if self._prefix:
+            size = min(len(view), len(self._prefix))
+            view[:size] = self._prefix[:size]
+            self._prefix = self._prefix[size:]
+            return size
+        read = getattr(self._rest, "read1", self._rest.read)  # one raw read: no waiting
+        data = read(len(view))
+        view[: len(data)] = data
+        return len(data)
 
 
 def numbered_lines(

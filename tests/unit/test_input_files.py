@@ -6,6 +6,7 @@ import gzip
 import io
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,13 +17,17 @@ from rankstream.input_files import check_readable, numbered_lines
 LINES = [f"p{i}\tp{(i * 7 + 1) % 5000}".encode() for i in range(5000)]  # ~60 KB
 
 
-def _fifo_with(tmp_path: Path, data: bytes) -> Path:
+def _fifo_with(tmp_path: Path, data: bytes, *, first: int = 0) -> Path:
+    """A pipe that delivers ``data`` (its ``first`` bytes alone, a moment earlier)."""
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
 
     def write() -> None:
-        with open(fifo, "wb") as sink:
-            sink.write(data)
+        with open(fifo, "wb", buffering=0) as sink:
+            if first:
+                sink.write(data[:first])
+                time.sleep(0.2)
+            sink.write(data[first:])
 
     threading.Thread(target=write, daemon=True).start()
     return fifo
@@ -33,6 +38,14 @@ def test_a_pipe_is_read_whole(tmp_path: Path, compress: bool) -> None:
     """Opening a pipe twice (once to probe for gzip) lost its first 8 KiB."""
     data = b"\n".join(LINES) + b"\n"
     fifo = _fifo_with(tmp_path, gzip.compress(data) if compress else data)
+    assert [line for _, line in numbered_lines(fifo)] == LINES
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["plain", "gzip"])
+def test_a_pipe_whose_first_byte_comes_alone(tmp_path: Path, compress: bool) -> None:
+    """A peek reads a pipe once: gzip data whose first byte came alone was read as text."""
+    data = b"\n".join(LINES) + b"\n"
+    fifo = _fifo_with(tmp_path, gzip.compress(data) if compress else data, first=1)
     assert [line for _, line in numbered_lines(fifo)] == LINES
 
 

@@ -160,6 +160,9 @@ def test_demo_events_replay_verifies(capsys: pytest.CaptureFixture[str]) -> None
         (["rank", "--edges", "{truncated}"], "cut.tsv.gz:"),
         (["produce", "--synthetic", "5", "--links-per-page", "nan"], "--links-per-page"),
         (["produce", "--synthetic", "5", "--seed", "-5"], "--seed must be >= 0"),
+        # Checked before connecting: an empty name is not "no --topic" (the default).
+        (["produce", "--synthetic", "5", "--topic", ""], "--topic: bad topic name"),
+        (["produce", "--synthetic", "5", "--topic", "a b"], "--topic: bad topic name"),
         # An endless line is refused by its number, not read whole into memory.
         (["rank", "--edges", "{endless}"], "endless.tsv:1: line longer than 1048576 bytes"),
         (["rank", "--edges", "{good}", "--batch-size", str(10**20)], "--batch-size must be"),
@@ -329,3 +332,25 @@ def test_a_bad_topic_name_is_a_config_error_before_any_connection() -> None:
     # Port 9 (discard): nothing is contacted, the name is checked first.
     with pytest.raises(ConfigError, match="bad topic name"):
         LinkPublisher("127.0.0.1:9", "bad topic")
+
+
+def test_the_shipped_demo_log_is_what_make_demo_data_derives(tmp_path: Path) -> None:
+    from producer.make_demo_data import main as make_demo_data
+
+    out = tmp_path / "pages.jsonl.gz"
+    assert make_demo_data([str(DOCS_EDGES), str(out)]) == 0
+    assert out.read_bytes() == DEMO_EVENTS.read_bytes()
+
+
+def test_make_demo_data_groups_by_canonical_url_and_names_a_bad_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from producer.make_demo_data import build_demo_lines
+    from producer.make_demo_data import main as make_demo_data
+
+    edges = tmp_path / "links.tsv"
+    edges.write_text("http://a/\thttp://b/\nHTTP://A/\thttp://c/\n")
+    pages = [json.loads(line) for line in build_demo_lines(edges)]
+    assert [(p["url"], p["links"]) for p in pages] == [("http://a/", ["http://b/", "http://c/"])]
+    edges.write_text("http://a/\thttp://b/\nhttp://a/\tnope\n")
+    assert make_demo_data([str(edges), str(tmp_path / "out.jsonl.gz")]) == 2
+    assert f"{edges}:2: bad url: no scheme" in capsys.readouterr().err

@@ -183,6 +183,16 @@ def test_error_reasons(data: bytes, expected: str) -> None:
     assert reason(data) == expected
 
 
+@pytest.mark.parametrize("template", [b'{"type": %s}', b'{"v": %s, "type": "page"}'])
+def test_a_wrong_value_nested_just_under_the_parser_limit_is_an_input_error(
+        template: bytes) -> None:
+    # The parser takes nesting to about the recursion limit; showing such a value in
+    # the reason used to take the rest of it (RecursionError, a traceback).
+    for depth in range(700, 1001):
+        with pytest.raises(InputError):
+            decode_event(template % (b"[" * depth + b"]" * depth))
+
+
 def test_an_extra_field_holding_a_huge_integer_is_ignored_like_any_extra_field() -> None:
     # Python refuses to parse integers of more than 4,300 digits; before, that
     # ValueError rejected the event as "malformed JSON".

@@ -79,6 +79,8 @@ def test_very_long_query_round_trips() -> None:
         ("file:", "nothing after the scheme"),
         ("file:#top", "nothing after the scheme"),
         ("FILE://", "nothing after the scheme"),
+        ("file://:", "nothing after the scheme"),
+        ("mailto://:#x", "nothing after the scheme"),
         ("http://", "nothing after the scheme"),
         ("https:///path", "missing host"),
         ("http://exa mple.org/", "whitespace in host"),
