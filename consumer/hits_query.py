@@ -348,8 +348,8 @@ def _cached_answer(raw: bytes | str | None) -> HitsAnswer | None:
         return None
     try:
         return HitsAnswer.from_dict(json.loads(raw))
-    except (ValueError, TypeError, KeyError):
-        return None  # written by another version of rankstream: recompute
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return None  # written by another version of rankstream (or not at all): recompute
 
 
 def _cache_key(prefix: str, normal: dict[str, Any], versions: tuple[int, str]) -> str:
