@@ -20,6 +20,9 @@ from tests.faults.stack import FaultStack, consumers, wait_for
 from tests.faults.summary import record
 
 LEASE_MS = 2000
+# The first consumer's: it must keep its lease through step 1 (renewing every third of
+# it) on a busy box, yet lose it soon once frozen in step 2.
+FIRST_LEASE_MS = 6000
 
 
 def test_second_consumer_refuses_and_a_stalled_first_one_is_fenced(
@@ -32,7 +35,7 @@ def test_second_consumer_refuses_and_a_stalled_first_one_is_fenced(
     replayer = Replayer(settings, log, rate=100.0).start()
     lease = ("--lock-ttl-ms", str(LEASE_MS))
     with consumers(settings, tmp_path) as spawn:
-        first = spawn(*lease)
+        first = spawn("--lock-ttl-ms", str(FIRST_LEASE_MS))
         wait_for(lambda: probe.consumed() > 0 and probe.state() == "running", 60,
                  "the first consumer")
 
@@ -46,7 +49,7 @@ def test_second_consumer_refuses_and_a_stalled_first_one_is_fenced(
 
         # 2. The first stalls past its lease; a third consumer takes over.
         os.kill(first.pid, signal.SIGSTOP)
-        time.sleep(LEASE_MS / 1000 + 1.0)
+        time.sleep(FIRST_LEASE_MS / 1000 + 1.0)
         third = spawn(*lease)
         before = probe.consumed()
         takeover = wait_for(lambda: probe.consumed() > before, 60, "the third consumer")
