@@ -17,7 +17,10 @@ from producer.schema import (
     PageRemovedEvent,
 )
 from ranker.edge_batches import EdgeBatch
+from ranker.incremental import LiveRanks
 from ranker.linkgraph import LinkGraph
+from ranker.pagerank import pagerank
+from ranker.weighted_pagerank import weighted_pagerank
 from rankstream.graph_updates import NO_TS, EventApplier
 
 
@@ -381,3 +384,28 @@ def test_a_live_page_without_links_or_flag_counts_as_crawled() -> None:
     applier = EventApplier(graph, crawled=np.zeros(graph.num_ids, dtype=bool))
     assert applier.crawled.tolist() == [True, False, True]  # lone, t (linked), s (source)
     assert lone == 0
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=st.lists(events_strategy, min_size=8, max_size=40),
+       cuts=st.lists(st.integers(0, 40), max_size=5))
+def test_events_ranked_incrementally_equal_a_cold_solve_within_the_bound(
+        events: list[Event], cuts: list[int]) -> None:
+    """Orphans, removals and revivals included: what the engines absorb batch by batch
+    is within the certified L1 bound of a cold solve of the final graph."""
+    bounds = sorted({0, len(events), *(c for c in cuts if c <= len(events))})
+    batches = [events[a:b] for a, b in itertools.pairwise(bounds)]
+    graph = LinkGraph()
+    applier = EventApplier(graph)
+    graph.apply(applier.apply(batches[0]).batch)
+    ranks = LiveRanks(graph, damping=0.85, tolerance=1e-10)
+    reports = ranks.cold_start()
+    for batch in batches[1:]:
+        reports = ranks.apply(applier.apply(batch).batch)
+    live = graph.live_mask()
+    for algorithm, solve in (("pagerank", pagerank), ("wpr", weighted_pagerank)):
+        exact = solve(graph.to_csr(), damping=0.85, tol=1e-12, alive=live).scores
+        scores = ranks.scores(algorithm)
+        assert reports[algorithm].fresh
+        assert np.abs(scores - exact).sum() <= reports[algorithm].bound + 1e-12
+        assert not scores[~live].any()
