@@ -373,8 +373,7 @@ class EventApplier:
 
     def _record(self, ts_updates: dict[int, int]) -> None:
         if not ts_updates:
-            return
-        self._grow(self.graph.num_ids)
+            return  # (apply grew the arrays to the graph's ids first)
         pages = np.fromiter(ts_updates.keys(), dtype=np.int64, count=len(ts_updates))
         stamps = np.fromiter(ts_updates.values(), dtype=np.int64, count=len(ts_updates))
         self._last_ts[pages] = stamps
