@@ -128,10 +128,15 @@ def start_stack(base: Settings, home: Path) -> FaultStack:
 
 
 def _stack_home(proc: psutil.Process) -> Path | None:
-    """The fault-stack home a process runs in (its cwd) or names (an argument, or an
-    environment variable: the scenarios' consumers get their settings that way), if any."""
+    """The fault-stack home a stack's process names: the broker in an argument, a
+    consumer in a ``RANKSTREAM_*`` variable (its settings come that way), a
+    redis-server by its working directory (its title names no path). Nothing else
+    counts: a developer's shell sitting in such a directory is not the stack's."""
     try:
-        places = [proc.cwd(), *proc.cmdline(), *proc.environ().values()]
+        places = [*proc.cmdline(), *(value for name, value in proc.environ().items()
+                                     if name.startswith("RANKSTREAM_"))]
+        if proc.name() == "redis-server":
+            places.append(proc.cwd())
     except (psutil.Error, OSError):
         return None  # gone, or another user's
     for place in places:

@@ -28,11 +28,16 @@ def spawned() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 def _stand_in(home: Path, spawned: list[subprocess.Popen[bytes]], *, by_cwd: bool
               ) -> subprocess.Popen[bytes]:
-    """A process that looks like a stack's service: redis runs in its data dir, the
-    broker names its properties file."""
+    """A process that looks like a stack's service: a redis-server runs in its data
+    dir, the broker names its properties file."""
     data = home / "redis" / "data"
     data.mkdir(parents=True)
-    args = SLEEPER if by_cwd else [*SLEEPER, str(home / "kafka" / "server.properties")]
+    if by_cwd:  # a python named redis-server (the process name is what counts)
+        redis_server = home / "redis-server"
+        redis_server.symlink_to(sys.executable)
+        args = [str(redis_server), *SLEEPER[1:]]
+    else:
+        args = [*SLEEPER, str(home / "kafka" / "server.properties")]
     proc = subprocess.Popen(args, cwd=data if by_cwd else home.parent)
     spawned.append(proc)
     return proc
@@ -53,10 +58,15 @@ def test_an_orphaned_stack_is_stopped_and_a_live_one_is_not(tmp_path, spawned):
         **os.environ, "RANKSTREAM_SNAPSHOT_DIR": str(tmp_path / f"{STACK_DIR_NAME}0" / "s")})
     spawned.append(consumer)
 
+    # A developer's shell in an orphaned stack's directory is not the stack's.
+    shell = subprocess.Popen(SLEEPER, cwd=tmp_path / f"{STACK_DIR_NAME}0" / "redis",
+                             env={**os.environ, "PWD": str(tmp_path / f"{STACK_DIR_NAME}0")})
+    spawned.append(shell)
+
     stopped = reap_orphaned_stacks()
 
     orphans = (orphan_redis, orphan_kafka, consumer)
     assert {proc.pid for proc in orphans} <= set(stopped)
     assert all(proc.wait(5) is not None for proc in orphans)
-    assert live.poll() is None and other.poll() is None
-    assert live.pid not in stopped and other.pid not in stopped
+    assert live.poll() is None and other.poll() is None and shell.poll() is None
+    assert not {live.pid, other.pid, shell.pid} & set(stopped)
