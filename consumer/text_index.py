@@ -249,9 +249,12 @@ def match(
     pipe = redis.pipeline(transaction=False)
     for key in keys:
         pipe.scard(key)
-    sizes = [int(size) for size in pipe.execute()]
+    pipe.zcard(f"{prefix}scores:{algorithm}")
+    *sizes, scored = (int(size) for size in pipe.execute())
     counted: list[tuple[bytes | str, float]]
-    if sum(sizes) <= MAX_UNION:
+    # The bounded count needs a full list of the best pages by PageRank: before the
+    # first publication (or on a graph scored only in part) it would miss the rest.
+    if sum(sizes) <= MAX_UNION or scored < MAX_MATCH_CANDIDATES:
         counted = redis.zunion(keys, withscores=True)
     else:
         counted = _bounded_counts(redis, prefix, keys, sizes, algorithm)
@@ -306,15 +309,17 @@ def _bounded_counts(redis: Any, prefix: str, keys: list[str], sizes: list[int],
     best by PageRank, each counted against every term (SMISMEMBER). So at most about
     ``MAX_UNION + len(keys) * MAX_MATCH_CANDIDATES`` memberships are checked. Exact for
     the pages of the smaller sets; a page only in the larger ones is seen only if it
-    is among the best by PageRank, which is how the rest are ranked anyway.
+    is among the best by PageRank, which is how the rest are ranked anyway (a page
+    added since the last publication has no score yet, so it is not among them).
     """
-    members: set[bytes | str] = set()
     budget = MAX_UNION // len(keys)
+    pipe = redis.pipeline(transaction=False)
     for key, size in sorted(zip(keys, sizes, strict=True), key=lambda pair: pair[1]):
         if size > budget:
             break
-        members.update(redis.smembers(key))
+        pipe.smembers(key)
         budget -= size
+    members: set[bytes | str] = set().union(*pipe.execute())
     best = redis.zrevrange(f"{prefix}scores:{algorithm}", 0, MAX_MATCH_CANDIDATES - 1)
     if best:
         members.update(page for page in redis.hmget(f"{prefix}page:id", best)

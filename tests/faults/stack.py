@@ -107,8 +107,7 @@ def start_stack(base: Settings, home: Path) -> FaultStack:
     """
     reap_orphaned_stacks()
     home.mkdir(parents=True, exist_ok=True)
-    me = psutil.Process()
-    (home / OWNER_FILE).write_text(f"{me.pid} {me.create_time()!r}\n")
+    (home / OWNER_FILE).write_text(f"{os.getpid()} {start_ticks(os.getpid())}\n")
     cache_dir = base.cache_dir.expanduser()
     fetch_kafka(cache_dir)
     server = RedisServer(home=home / "redis", port=free_port())
@@ -128,14 +127,18 @@ def start_stack(base: Settings, home: Path) -> FaultStack:
 
 
 def _stack_home(proc: psutil.Process) -> Path | None:
-    """The fault-stack home a stack's process names: the broker in an argument, a
-    consumer in a ``RANKSTREAM_*`` variable (its settings come that way), a
+    """The fault-stack home a stack's process names: the broker (java) in an argument,
+    a consumer in a ``RANKSTREAM_*`` variable (its settings come that way), a
     redis-server by its working directory (its title names no path). Nothing else
-    counts: a developer's shell sitting in such a directory is not the stack's."""
+    counts: a developer's shell in such a directory, or a viewer of its logs, is not
+    the stack's."""
     try:
-        places = [*proc.cmdline(), *(value for name, value in proc.environ().items()
-                                     if name.startswith("RANKSTREAM_"))]
-        if proc.name() == "redis-server":
+        name = proc.name()
+        places = [value for key, value in proc.environ().items()
+                  if key.startswith("RANKSTREAM_")]
+        if name == "java":
+            places.extend(proc.cmdline())
+        elif name == "redis-server":
             places.append(proc.cwd())
     except (psutil.Error, OSError):
         return None  # gone, or another user's
@@ -147,11 +150,22 @@ def _stack_home(proc: psutil.Process) -> Path | None:
     return None
 
 
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat``
+    field 22): with the pid, it names one process. Not psutil's create_time, which
+    adds the boot time as the wall clock now places it: a clock step changed it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])  # fields from 3 on follow the name
+
+
 def _owner_alive(home: Path) -> bool:
     try:
-        pid, created = (home / OWNER_FILE).read_text().split()
-        return psutil.Process(int(pid)).create_time() == float(created)
-    except (OSError, ValueError, psutil.Error):
+        pid, ticks = (home / OWNER_FILE).read_text().split()
+        return start_ticks(int(pid)) == int(ticks)
+    except (OSError, ValueError):
         return False  # no owner file (pytest pruned the directory), or its owner is gone
 
 

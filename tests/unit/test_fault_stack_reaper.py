@@ -9,10 +9,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.faults.stack import OWNER_FILE, STACK_DIR_NAME, reap_orphaned_stacks
+from tests.faults.stack import OWNER_FILE, STACK_DIR_NAME, reap_orphaned_stacks, start_ticks
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
@@ -36,8 +35,10 @@ def _stand_in(home: Path, spawned: list[subprocess.Popen[bytes]], *, by_cwd: boo
         redis_server = home / "redis-server"
         redis_server.symlink_to(sys.executable)
         args = [str(redis_server), *SLEEPER[1:]]
-    else:
-        args = [*SLEEPER, str(home / "kafka" / "server.properties")]
+    else:  # a python named java, naming the broker's properties
+        java = home / "java"
+        java.symlink_to(sys.executable)
+        args = [str(java), *SLEEPER[1:], str(home / "kafka" / "server.properties")]
     proc = subprocess.Popen(args, cwd=data if by_cwd else home.parent)
     spawned.append(proc)
     return proc
@@ -49,8 +50,7 @@ def test_an_orphaned_stack_is_stopped_and_a_live_one_is_not(tmp_path, spawned):
     (tmp_path / f"{STACK_DIR_NAME}1" / OWNER_FILE).write_text("999999999 1.0\n")  # gone
     live_home = tmp_path / f"{STACK_DIR_NAME}2"
     live = _stand_in(live_home, spawned, by_cwd=True)
-    me = psutil.Process()
-    (live_home / OWNER_FILE).write_text(f"{me.pid} {me.create_time()!r}\n")
+    (live_home / OWNER_FILE).write_text(f"{os.getpid()} {start_ticks(os.getpid())}\n")
     other = _stand_in(tmp_path / "fault-stackish3", spawned, by_cwd=True)
     # A scenario's consumer: its settings, the snapshot directory among them, come
     # through the environment.
@@ -58,15 +58,18 @@ def test_an_orphaned_stack_is_stopped_and_a_live_one_is_not(tmp_path, spawned):
         **os.environ, "RANKSTREAM_SNAPSHOT_DIR": str(tmp_path / f"{STACK_DIR_NAME}0" / "s")})
     spawned.append(consumer)
 
-    # A developer's shell in an orphaned stack's directory is not the stack's.
+    # A developer's shell in an orphaned stack's directory, or a viewer of its logs,
+    # is not the stack's.
     shell = subprocess.Popen(SLEEPER, cwd=tmp_path / f"{STACK_DIR_NAME}0" / "redis",
                              env={**os.environ, "PWD": str(tmp_path / f"{STACK_DIR_NAME}0")})
-    spawned.append(shell)
+    viewer = subprocess.Popen([*SLEEPER, str(tmp_path / f"{STACK_DIR_NAME}1" / "server.log")])
+    spawned.extend([shell, viewer])
 
     stopped = reap_orphaned_stacks()
 
     orphans = (orphan_redis, orphan_kafka, consumer)
     assert {proc.pid for proc in orphans} <= set(stopped)
     assert all(proc.wait(5) is not None for proc in orphans)
-    assert live.poll() is None and other.poll() is None and shell.poll() is None
-    assert not {live.pid, other.pid, shell.pid} & set(stopped)
+    kept = (live, other, shell, viewer)
+    assert all(proc.poll() is None for proc in kept)
+    assert not {proc.pid for proc in kept} & set(stopped)
