@@ -211,7 +211,9 @@ def _shown(value: object, limit: int = 40) -> str:
     one nested almost as deep as the parser allows ran out of recursion."""
     if isinstance(value, list | dict):
         return f"an {_json_type(value)}"
-    text = json.dumps(value, ensure_ascii=False)
+    # ASCII-only: json.dumps leaves U+0085, U+2028/9 and lone surrogates raw otherwise,
+    # which broke the reason's line or came out as "?" in a dead letter's header.
+    text = json.dumps(value)
     return text if len(text) <= limit else text[:limit] + "..."
 
 

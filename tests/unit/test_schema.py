@@ -356,3 +356,11 @@ def test_shipped_demo_data_is_valid() -> None:
     assert all(isinstance(event, PageEvent) for event in decoded)
     assert sum(len(event.links) for event in decoded if isinstance(event, PageEvent)) == 16014
     assert path.stat().st_size < 1_000_000
+
+
+@pytest.mark.parametrize("value", ["a\u0085b\u2028c", "x\ud800", "a\u2029b"])
+def test_a_shown_value_keeps_the_reason_on_one_line(value: str) -> None:
+    data = json.dumps({"type": value}).encode()  # escaped on the wire, raw once decoded
+    shown = reason(data)
+    assert shown.isascii() and len(shown.splitlines()) == 1
+    assert json.dumps(value) in shown
