@@ -18,7 +18,7 @@ drift outgrows its share of the target (near damping 1, after many sweeps).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -76,14 +76,21 @@ class LiveRanks:
         local_work: float = 0.2,
         recompute_every: int = 64,
     ) -> None:
+        damping = _real(damping, "damping")
         if not 0.0 < damping < 1.0:
             raise InputError(f"damping must lie strictly between 0 and 1, got {damping!r}")
         _check_tolerance(tolerance, damping)
-        if not 0.0 <= publish_threshold < np.inf:  # NaN would publish nothing, ever
+        if not 0.0 <= _real(publish_threshold, "publish_threshold") < np.inf:
+            # NaN would publish nothing, ever
             raise InputError(f"publish_threshold must be finite and >= 0, got "
                              f"{publish_threshold!r}")
-        if max_error is not None and not max_error > 0.0:
+        if max_error is not None and not _real(max_error, "max_error") > 0.0:
             raise InputError(f"max_error must be positive, got {max_error!r}")
+        if isinstance(max_iter, bool) or not isinstance(max_iter, int | np.integer) \
+                or max_iter < 1:
+            raise InputError(f"max_iter must be a positive integer, got {max_iter!r}")
+        if not 0.0 <= _real(local_work, "local_work") < np.inf:
+            raise InputError(f"local_work must be finite and >= 0, got {local_work!r}")
         unknown = [a for a in algorithms if a not in ALGORITHM_KINDS]
         if unknown or not algorithms:
             raise InputError(f"unknown algorithm(s) {unknown}; choose from "
@@ -145,6 +152,9 @@ class LiveRanks:
         page is reported moved; a solve that did not converge within ``max_iter``
         sweeps says so (``fresh`` false).
         """
+        if warm is not None and not isinstance(warm, Mapping):
+            raise InputError(f"warm must map algorithm names to vectors, got "
+                             f"{type(warm).__name__}")
         reports = {}
         graph = self.graph
         n = graph.num_ids
@@ -169,7 +179,11 @@ class LiveRanks:
                     reports[name] = report
                     continue
                 start = np.zeros(n)
-                given = np.asarray(vector, dtype=np.float64).reshape(-1)[:n]
+                try:
+                    given = np.asarray(vector, dtype=np.float64).reshape(-1)[:n]
+                except (TypeError, ValueError) as exc:
+                    raise InputError(f"warm[{name!r}] must be a vector of numbers: {exc}"
+                                     ) from exc
                 start[: given.size] = given
                 # A warm vector is only a first guess (the refresh certifies the result),
                 # but a NaN or inf in it would spread through every sweep and never be
@@ -258,7 +272,17 @@ class LiveRanks:
         return (sorted_unique(sources).astype(np.int32), sorted_unique(targets).astype(np.int32))
 
 
+def _real(value: object, name: str) -> float:
+    """``value`` as a float, or InputError naming ``name`` (a string, None or a bool
+    raised whatever Python's comparison raised)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer
+                                                  | np.floating):
+        raise InputError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
 def _check_tolerance(tolerance: float, damping: float) -> None:
+    tolerance = _real(tolerance, "tolerance")
     floor = tolerance_floor(damping)
     if not tolerance >= floor:
         raise InputError(f"tolerance must be at least {floor:.3g} at damping {damping:g} "
@@ -275,5 +299,5 @@ def _check_refresh_args(tolerance: float | None, max_sweeps: float | None,
                         damping: float) -> None:
     if tolerance is not None:
         _check_tolerance(tolerance, damping)
-    if max_sweeps is not None and not 0.0 < max_sweeps < np.inf:
+    if max_sweeps is not None and not 0.0 < _real(max_sweeps, "max_sweeps") < np.inf:
         raise InputError(f"max_sweeps must be positive and finite, got {max_sweeps!r}")

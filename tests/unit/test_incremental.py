@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 from unittest import mock
 
 import numpy as np
@@ -460,3 +461,26 @@ def test_a_per_call_tolerance_applies_to_that_refresh_only() -> None:
     for cap in (0, -1.0, float("inf"), float("nan")):
         with pytest.raises(InputError):
             ranks.refresh(max_sweeps=cap)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"damping": "0.5"}, {"damping": None}, {"tolerance": "1e-6"}, {"tolerance": None},
+    {"publish_threshold": "0"}, {"max_error": "1e-6"}, {"max_iter": float("nan")},
+    {"max_iter": 0}, {"max_iter": True}, {"local_work": float("nan")}, {"local_work": -1.0},
+])
+def test_a_wrong_argument_is_an_input_error_not_a_python_one(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(InputError):
+        LiveRanks(LinkGraph(), **kwargs)
+
+
+def test_wrong_refresh_arguments_and_warm_vectors_are_input_errors() -> None:
+    graph = LinkGraph.from_edges(["a", "b"], ["b", "a"])
+    ranks = LiveRanks(graph)
+    ranks.cold_start()
+    for kwargs in ({"tolerance": "1e-3"}, {"max_sweeps": "2"}):
+        with pytest.raises(InputError):
+            ranks.apply(EdgeBatch(), **kwargs)
+    with pytest.raises(InputError, match="must map algorithm names"):
+        ranks.cold_start([1.0, 2.0])  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="vector of numbers"):
+        ranks.cold_start({"pagerank": "abc"})  # type: ignore[dict-item]

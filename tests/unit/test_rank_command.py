@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import networkx as nx
+import numpy as np
 import pytest
 
 from rankstream.cli import main
@@ -93,6 +94,20 @@ def test_edge_list_sources_count_as_crawled_and_targets_do_not(
             "--batch-size", str(batch_size)]
     assert main(argv) == 0
     assert set(_rows(capsys.readouterr().out)) == {a, b, c, x}
+
+
+def test_verify_at_high_damping_certifies_rather_than_stalls(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The cold solve's fixed tolerance sat under the float64 floor, which grows as
+    # 1 / (1 - d): it stalled, exit 2, with nothing the user could change.
+    # Every page links out (no mass leaks): sum(y) is the page count, the floor highest.
+    rng = np.random.default_rng(7)
+    edges = tmp_path / "random.tsv"
+    edges.write_text("".join(
+        f"p{a}\tp{b}\n" for a in range(300)
+        for b in rng.choice([p for p in range(300) if p != a], 3, replace=False)))
+    assert main(["rank", "--edges", str(edges), "--damping", "0.9999", "--verify"]) == 0
+    assert "verify: max |incremental - cold|" in capsys.readouterr().err
 
 
 def test_verify_fails_when_the_certificates_do_not_cover_the_difference(
