@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from producer.schema import Event, Limits, PageEvent, iter_events
-from rankstream.errors import InputError, ServiceError
+from rankstream.errors import ConfigError, InputError, ServiceError
 from rankstream.input_files import check_readable
 from rankstream.settings import Settings
 
@@ -68,12 +68,12 @@ def _check(args: argparse.Namespace) -> None:
     if not 0 < args.links_per_page < math.inf:  # NaN fails this too
         raise InputError(f"--links-per-page must be > 0, got {args.links_per_page}")
     if args.topic is not None:
-        from kafka.util import ensure_valid_topic_name
+        from producer.client import check_topic_name
 
         try:  # before connecting: found only after a 30 s wait for Kafka otherwise
-            ensure_valid_topic_name(args.topic)
-        except (ValueError, TypeError) as exc:  # "" too: it is not "no --topic"
-            raise InputError(f"--topic: bad topic name: {exc}") from exc
+            check_topic_name(args.topic)
+        except ConfigError as exc:  # "" too: it is not "no --topic"
+            raise InputError(f"--topic: {exc}") from exc
     if args.file is not None:
         check_readable(args.file)  # before connecting: a typo is not a Kafka error
 

@@ -34,6 +34,17 @@ Timestamp = int | str | datetime
 Link = str | Mapping[str, str]
 
 
+def check_topic_name(topic: object) -> None:
+    """ConfigError unless Kafka accepts ``topic`` as a name (found only by the first
+    send otherwise)."""
+    from kafka.util import ensure_valid_topic_name
+
+    try:
+        ensure_valid_topic_name(topic)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"bad topic name: {exc}") from exc
+
+
 class LinkPublisher:
     """Publishes link events to one Kafka topic. Not thread-safe; use one per thread."""
 
@@ -78,7 +89,6 @@ class LinkPublisher:
         """
         from kafka import KafkaProducer
         from kafka.errors import KafkaError
-        from kafka.util import ensure_valid_topic_name
 
         if isinstance(bootstrap, str):
             servers = [part.strip() for part in bootstrap.split(",") if part.strip()]
@@ -93,10 +103,7 @@ class LinkPublisher:
         self._failed_total = 0
         self._lock = threading.Lock()
         self._closed = False
-        try:
-            ensure_valid_topic_name(topic)
-        except (ValueError, TypeError) as exc:  # found only by the first send otherwise
-            raise ConfigError(f"bad topic name: {exc}") from exc
+        check_topic_name(topic)
         try:
             self._producer = KafkaProducer(
                 bootstrap_servers=servers,

@@ -26,6 +26,7 @@ from ranker._thread_guard import ThreadGuard
 from ranker.bounds import tolerance_floor
 from ranker.edge_batches import AppliedBatch, EdgeBatch, sorted_unique
 from ranker.linkgraph import LinkGraph
+from ranker.pagerank import check_max_iter, is_real
 from ranker.residual import ALGORITHM_KINDS, ResidualEngine
 from ranker.results import RefreshReport
 from rankstream.errors import InputError
@@ -86,9 +87,7 @@ class LiveRanks:
                              f"{publish_threshold!r}")
         if max_error is not None and not _real(max_error, "max_error") > 0.0:
             raise InputError(f"max_error must be positive, got {max_error!r}")
-        if isinstance(max_iter, bool) or not isinstance(max_iter, int | np.integer) \
-                or max_iter < 1:
-            raise InputError(f"max_iter must be a positive integer, got {max_iter!r}")
+        check_max_iter(max_iter)
         if not 0.0 <= _real(local_work, "local_work") < np.inf:
             raise InputError(f"local_work must be finite and >= 0, got {local_work!r}")
         unknown = [a for a in algorithms if a not in ALGORITHM_KINDS]
@@ -275,8 +274,7 @@ class LiveRanks:
 def _real(value: object, name: str) -> float:
     """``value`` as a float, or InputError naming ``name`` (a string, None or a bool
     raised whatever Python's comparison raised)."""
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer
-                                                  | np.floating):
+    if not is_real(value):
         raise InputError(f"{name} must be a number, got {value!r}")
     return float(value)
 

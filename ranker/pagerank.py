@@ -19,7 +19,7 @@ PageRank and HITS solvers.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, TypeGuard
 
 import numpy as np
 import scipy.sparse as sp
@@ -131,13 +131,23 @@ def check_damping(damping: float) -> float:
     return value
 
 
-def check_iteration_args(tol: float, max_iter: int) -> None:
-    """Raise :class:`InputError` for a non-positive tolerance or iteration cap."""
-    if not (isinstance(tol, int | float | np.integer | np.floating)
-            and not isinstance(tol, bool) and math.isfinite(tol) and tol > 0.0):
-        raise InputError(f"tol must be a positive finite number, got {tol!r}")
+def is_real(value: object) -> TypeGuard[int | float | np.integer | np.floating]:
+    """A real number (not a bool, a string or None): what a comparison may be asked of."""
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(
+        value, bool)
+
+
+def check_max_iter(max_iter: int) -> None:
+    """Raise :class:`InputError` unless ``max_iter`` is a positive integer."""
     if isinstance(max_iter, bool) or not isinstance(max_iter, int | np.integer) or max_iter < 1:
         raise InputError(f"max_iter must be a positive integer, got {max_iter!r}")
+
+
+def check_iteration_args(tol: float, max_iter: int) -> None:
+    """Raise :class:`InputError` for a non-positive tolerance or iteration cap."""
+    if not (is_real(tol) and math.isfinite(tol) and tol > 0.0):
+        raise InputError(f"tol must be a positive finite number, got {tol!r}")
+    check_max_iter(max_iter)
 
 
 def float_vector(value: object, num_nodes: int, name: str) -> np.ndarray:
