@@ -25,7 +25,8 @@ import numpy as np
 
 from consumer.lock import ConsumerLock
 from consumer.publication import Publication
-from consumer.score_publisher import BACK_TTL_MS, ScorePublisher
+from consumer.score_publisher import ScorePublisher
+from consumer.score_swap import BACK_TTL_MS
 from consumer.stats import ConsumerStats, iso_now
 
 log = logging.getLogger("rankstream.consumer")

@@ -23,9 +23,10 @@ It is double-buffered, because of what the streams look like:
   sends them gets few GIL turns while the engines run. They need no fencing,
   since no other process uses that back buffer: a stalled consumer that lost its
   lease can only write into its own, which expires (:data:`BACK_TTL_MS` after its
-  last write) and is never made visible, because the swap is fenced (a script that
-  checks the lease first, or WATCH with ``--plain-writes``) and checks that each
-  buffer holds exactly the members recorded (ZCARD) before renaming anything.
+  last write) and is never made visible, because the swap (:mod:`consumer.score_swap`)
+  is fenced (a script that checks the lease first, or WATCH with ``--plain-writes``)
+  and checks that each buffer holds exactly the members recorded (ZCARD) before
+  renaming anything.
 * The swap runs at most once: it is skipped when meta already names its
   ``publication`` id (an earlier attempt committed and only the reply was lost), and
   a repeated publication then sends no chunk either, since the buffer they were
@@ -62,7 +63,6 @@ unconverged vector is never advertised as converged.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import uuid
 from collections.abc import Mapping
@@ -72,59 +72,17 @@ import numpy as np
 import redis
 
 from consumer.keys import ALGORITHMS, Keys
-from consumer.lock import LockLost
 from consumer.publication import Chunk, Command, Publication, Published, is_fresh, meta_fields
 from consumer.redis_store import redis_errors
 from consumer.resp import command, send_commands
 from consumer.score_plan import ZsetRecord, plan_writes
+from consumer.score_swap import BACK_TTL_MS, send_swap, swap_commands
 from consumer.score_wire import UrlTable, zadd_command, zrem_command
 from consumer.stats import iso_now
 from rankstream.errors import ServiceError
 
 CHUNK_MEMBERS = 5_000  # members per back-buffer command (~20 ms of Redis)
 BUDGET_FRACTION = 0.5  # share of the tolerance that unwritten moves may use
-BACK_TTL_MS = 15 * 60 * 1000  # a back buffer outlives its consumer by at most this
-
-# The swap, atomically: lease check; "done" if meta already names this publication
-# (an earlier attempt committed); "mismatch" without writing anything if a score key
-# does not hold the number of members recorded, or a meta hash does not name the
-# publication our record of its live ZSET comes from (another consumer published
-# while this one was stalled past its lease: same member count, other values);
-# else run the commands (renames, TTLs, then the meta hashes). ARGV: lease key,
-# lease value, meta key, publication id, number of checks, then (key, expected
-# ZCARD) per check, number of meta checks, then (meta key, expected publication)
-# per meta check, then each command as (argc, args...). An empty lease key means
-# unfenced (tests, tools).
-SWAP_SCRIPT = r"""
-if ARGV[1] ~= '' and redis.call('GET', ARGV[1]) ~= ARGV[2] then
-  return redis.error_reply('LEASELOST the consumer lease changed')
-end
-if redis.call('HGET', ARGV[3], 'publication') == ARGV[4] then
-  return 'done'
-end
-local pos = 6
-for i = 1, tonumber(ARGV[5]) do
-  if redis.call('ZCARD', ARGV[pos]) ~= tonumber(ARGV[pos + 1]) then
-    return 'mismatch'
-  end
-  pos = pos + 2
-end
-local metas = tonumber(ARGV[pos])
-pos = pos + 1
-for i = 1, metas do
-  if redis.call('HGET', ARGV[pos], 'publication') ~= ARGV[pos + 1] then
-    return 'mismatch'
-  end
-  pos = pos + 2
-end
-while pos <= #ARGV do
-  local argc = tonumber(ARGV[pos])
-  redis.call(unpack(ARGV, pos + 1, pos + argc))
-  pos = pos + argc + 1
-end
-return 'ok'
-"""
-
 
 class ScorePublisher:
     """Turns engine state into publications and writes them (see the module docstring).
@@ -156,7 +114,7 @@ class ScorePublisher:
         self._back_dropped: dict[str, bool] = {}
         self._published_ids: dict[str, str] = {}  # our last swap's id, per algorithm
         # The publication each known live ZSET record comes from (ours, or the one
-        # adopted at start): meta must still name it when we swap (SWAP_SCRIPT).
+        # adopted at start): meta must still name it when we swap (consumer.score_swap).
         self._record_ids: dict[str, str] = {}
 
     def back_key(self, algorithm: str) -> str:
@@ -329,7 +287,9 @@ class ScorePublisher:
                 checks.append((key, self._live[algorithm].members()))
                 if self._record_ids.get(algorithm):
                     meta_checks.append((self.keys.meta(algorithm), self._record_ids[algorithm]))
-            renames.extend(self._swap_commands(algorithm, key, back_key, back))
+            renames.extend(swap_commands(
+                key, back_key, live_known=live_known, back_exists=back.members() > 0,
+                live_exists=self._live.get(algorithm, ZsetRecord()).members() > 0))
             renames.append(("SADD", self.keys.score_buffers, back_key))
             swapped[algorithm] = live_known
             bound = float(report.bound) + plan.remainder
@@ -347,35 +307,6 @@ class ScorePublisher:
         first_meta = self.keys.meta(next(iter(reports))) if reports else ""
         return Publication(publication_id, chunks, renames + metas, checks, meta_checks,
                            summary, self.urls.view(), swapped, first_meta, dict(reports))
-
-    def _swap_commands(self, algorithm: str, key: str, back_key: str, back: ZsetRecord
-                       ) -> list[Command]:
-        """Make the back buffer the live ZSET (O(1) renames; no member is copied).
-
-        If we know what the live ZSET holds it becomes the next back buffer (with
-        the back buffer's TTL); otherwise it is dropped (UNLINK frees it off the
-        main thread) and the new live ZSET is copied into the back buffer inside
-        Redis (COPY), so the next publication writes only what moved instead of
-        every member again (on a 1.4M-page graph that second full write was 2.8M
-        members and 50 s of a loaded Redis).
-        """
-        back_exists = back.members() > 0
-        if not self._live_known.get(algorithm, False):
-            cmds: list[Command] = [("UNLINK", key)]
-            if back_exists:
-                cmds += [("RENAME", back_key, key), ("PERSIST", key), ("COPY", key, back_key),
-                         ("PEXPIRE", back_key, BACK_TTL_MS)]
-            return cmds
-        live_exists = self._live.get(algorithm, ZsetRecord()).members() > 0
-        spare = f"{back_key}:swap"
-        if live_exists and back_exists:
-            return [("RENAME", key, spare), ("RENAME", back_key, key), ("PERSIST", key),
-                    ("RENAME", spare, back_key), ("PEXPIRE", back_key, BACK_TTL_MS)]
-        if live_exists:
-            return [("RENAME", key, back_key), ("PEXPIRE", back_key, BACK_TTL_MS)]
-        if back_exists:
-            return [("RENAME", back_key, key), ("PERSIST", key)]
-        return []
 
     def finish(self, publication: Publication) -> None:
         """After the swap committed: the records trade places like the keys did."""
@@ -423,77 +354,13 @@ class ScorePublisher:
         return done is not None and done.decode() == publication.publication_id
 
     def send_swap(self, publication: Publication, *, fence: Any | None = None) -> bool:
-        """Make the publication visible: renames and meta in one fenced atomic step.
-
-        Skipped if meta already names it (True). If a score key does not hold the
-        members recorded (a key deleted behind our back, an expired back buffer), or
-        a meta hash names another publication than our record of its ZSET comes
-        from (another consumer published while we were stalled), nothing is
-        written, the records are reset and False is returned: the caller publishes
-        again, as a full replacement. Raises :class:`~consumer.lock.LockLost` if the
-        lease changed.
-        """
-        if self.scripts:
-            lease = (fence.key, fence.value) if fence is not None else ("", b"")
-            if fence is not None:
-                # After the token is read: a regain suspends writes before it re-takes
-                # the lease under a new token, so either this sees the suspension or the
-                # script sees a token that is not ours any more.
-                fence.check_not_suspended()
-            body: list[Any] = []
-            for cmd in publication.swap:
-                body += [len(cmd), *cmd]
-            flat = [x for check in publication.checks for x in check]
-            metas = [x for check in publication.meta_checks for x in check]
-            try:
-                reply = self.client.execute_command(
-                    "EVAL", SWAP_SCRIPT, 0, *lease, publication.meta_key,
-                    publication.publication_id, len(publication.checks), *flat,
-                    len(publication.meta_checks), *metas, *body)
-            except redis.ResponseError as exc:
-                if "LEASELOST" in str(exc):
-                    if fence is not None:
-                        fence.lost.set()
-                    raise LockLost(f"lost the consumer lock {lease[0]}") from exc
-                hint = (" (a Redis user without EVAL: run the consumer with --plain-writes)"
-                        if isinstance(exc, redis.exceptions.NoPermissionError) else "")
-                raise ServiceError(f"score publication failed in Redis: {exc}{hint}") from exc
-            if reply == b"mismatch":
-                self.reset()
-                return False
+        """Make the publication visible (:func:`consumer.score_swap.send_swap`). If the
+        swap was refused, nothing was written and the records are reset: False, and
+        the caller publishes again, as a full replacement."""
+        if send_swap(self.client, publication, scripts=self.scripts, fence=fence):
             return True
-        return self._send_swap_watched(publication, fence)
-
-    def _send_swap_watched(self, publication: Publication, fence: Any | None) -> bool:
-        """:meth:`send_swap` without scripting: WATCH, check, MULTI/EXEC."""
-        with contextlib.ExitStack() as stack:
-            if fence is not None:
-                stack.enter_context(fence.fenced())
-            pipe = stack.enter_context(self.client.pipeline(transaction=True))
-            if fence is not None:
-                fence.check_in(pipe)
-            pipe.watch(publication.meta_key, *[key for key, _ in publication.checks],
-                       *[key for key, _ in publication.meta_checks])
-            done: Any = pipe.hget(publication.meta_key, "publication")
-            if done is not None and done.decode() == publication.publication_id:
-                return True
-            for key, members in publication.checks:
-                if int(pipe.zcard(key)) != members:
-                    self.reset()
-                    return False
-            for key, expected in publication.meta_checks:
-                named: Any = pipe.hget(key, "publication")
-                if named is None or named.decode() != expected:
-                    self.reset()
-                    return False
-            pipe.multi()
-            for cmd in publication.swap:
-                pipe.execute_command(*cmd)
-            replies: list[Any] = pipe.execute(raise_on_error=False)
-        failures = [r for r in replies if isinstance(r, Exception)]
-        if failures:
-            raise ServiceError(f"score publication failed in Redis: {failures[0]}")
-        return True
+        self.reset()
+        return False
 
     def send(self, publication: Publication, *, fence: Any | None = None) -> bool:
         """Chunks, swap, :meth:`finish`: the whole publication; repeatable after any

@@ -37,7 +37,6 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import FrameType
-from typing import Any
 
 from consumer.cpython_tuning import tune_garbage_collector, tune_gil_switching
 from consumer.dead_letters import DeadLetterSender
@@ -53,6 +52,7 @@ from consumer.prefetch import Fetched, Prefetcher
 from consumer.publishing import Publications
 from consumer.recovery import Backoff, MirrorStale, Recovery, settle_void
 from consumer.redis_store import connect_redis, topic_offsets
+from consumer.refreshes import Refreshes
 from consumer.score_publisher import ScorePublisher
 from consumer.snapshot import leave_snapshot, snapshot_path
 from consumer.stats import ConsumerStats, catching_up, lag_by_partition
@@ -124,11 +124,9 @@ class ConsumerService:
         self._uncommitted_offsets: dict[int, int] = {}
         self._uncommitted_counts = (0, 0)  # (messages, link changes) of that batch
         # The refresh after the last batch, while it may still run (see process).
-        self._refreshing: Future[dict[str, Any]] | None = None
+        self.refreshes = Refreshes(self._ranker, self.pacing, self.publications,
+                                   self._mirror)
         self._lagging = False  # a full batch waited beyond the last one: catching up
-        # The engines absorbed batches since their last refresh: the pending reports
-        # do not cover them, so nothing may be published before the next refresh.
-        self._unrefreshed = False
 
     # -- signals --------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -244,14 +242,14 @@ class ConsumerService:
         try:
             polled = not self.batches.ahead  # a fresh poll, not a batch decoded ahead
             if polled and not self._lagging:
-                self.pacing.wait_before_polling(self._refreshing)
+                self.pacing.wait_before_polling(self.refreshes.running)
             polled_at = time.perf_counter()
             batch = self.batches.next()
             if batch is None:
                 # Idle: publish what is pending now (without waiting for it).
-                self._collect_refresh()
+                self.refreshes.collect()
                 self._settle_commit()
-                self._refresh_absorbed()
+                self.refreshes.catch_up()
                 self._maybe_publish(force=True)
                 if self.publications.idle:
                     self.refresh_if_stale()
@@ -278,7 +276,7 @@ class ConsumerService:
 
         The batch's transaction and the engines' refresh after it are left running
         when this returns: the next batch is planned meanwhile, and the next call
-        collects the refresh (:meth:`_collect_refresh`, publishing if due) and waits
+        collects the refresh (:meth:`Refreshes.collect`, publishing if due) and waits
         for the transaction (:meth:`_settle_commit`) before it submits its own, so the
         mirror is at most two batches ahead of Redis. A publication prepared meanwhile
         waits for the transaction before it writes anything
@@ -304,11 +302,12 @@ class ConsumerService:
         # The previous batch's refresh: its reports, and a publication if one is due
         # (its scores copied before the engines take this batch). While catching up,
         # the next batches are decoded meanwhile.
-        if self._refreshing is not None and self._lagging:
-            self.batches.decode_during(self._refreshing, batch, self.caught_up)
-        self._collect_refresh()
+        refreshes = self.refreshes
+        if refreshes.running is not None and self._lagging:
+            self.batches.decode_during(refreshes.running, batch, self.caught_up)
+        refreshes.collect()
         publication = self.publications.take(mirror, lagging=self._lagging,
-                                             blocked=self._unrefreshed)
+                                             blocked=refreshes.absorbed_since)
         t_refreshed = time.perf_counter()
         # The previous batch's transaction ran while this one was planned.
         self._settle_commit()
@@ -321,7 +320,8 @@ class ConsumerService:
         refresh = pacing.refresh_due(
             full, last=pacing.drain_comes_first(self._positions_after(batch.next_offsets)))
         absorbing = self._ranker.submit(mirror.absorb_planned, planned)
-        self._uncommitted, self._lagging, self._unrefreshed = commit, full, True
+        self._uncommitted, self._lagging = commit, full
+        refreshes.absorbed()
         self._uncommitted_offsets = batch.next_offsets
         # Counted once its transaction committed (_settle_commit): a batch whose commit
         # a rebuild voids is polled and processed again, and was counted twice.
@@ -333,10 +333,7 @@ class ConsumerService:
                 # and before the refresh is queued: it sets the lag that refresh targets.
                 self.publications.start_taken(publication)
             if refresh:
-                refreshing = self._refreshing = self._ranker.submit(
-                    mirror.ranks.refresh, tolerance=pacing.batch_tolerance(),
-                    max_sweeps=pacing.batch_sweeps())
-                self._unrefreshed = False
+                refreshing = refreshes.start_batch_refresh()
             if full:  # once caught up, the next poll is timed to the engines instead
                 self.batches.decode_during(absorbing, batch, self.caught_up)
         finally:
@@ -355,26 +352,6 @@ class ConsumerService:
             "wait_commit_s": round(t_commit - t_refreshed, 4),
             "prefetch_s": round(t_fetch - t_commit, 4), "rank_s": round(t_rank - t_fetch, 4)}})
         self._heartbeat()
-
-    def _collect_refresh(self) -> None:
-        """Wait for the refresh still running after the last batch; its reports become
-        pending (published once a publication is due: see :meth:`process`).
-
-        Anything that reads the engines or changes the graph calls this first: the
-        refresh runs on the ranker thread while the main thread plans the next batch.
-        """
-        refreshing, self._refreshing = self._refreshing, None
-        if refreshing is None:
-            return
-        reports = refreshing.result()
-        self.pacing.refresh_took(sum(float(r.seconds) for r in reports.values()))
-        self.publications.pending.update(reports)
-        log.info("refreshed", extra={"fields": {
-            "version": self._mirror().counters.version,
-            "moved": {a: int(r.moved_ids.size) for a, r in reports.items()},
-            "modes": {a: str(r.mode) for a, r in reports.items()},
-            "refresh_s": {a: round(float(r.seconds), 4) for a, r in reports.items()},
-            "relative_bound": {a: float(f"{r.relative_bound:.3g}") for a, r in reports.items()}}})
 
     def _catching_up(self, batch: Fetched) -> bool:
         """Does a full batch or more wait after ``batch``? (:func:`consumer.stats.catching_up`)
@@ -396,22 +373,6 @@ class ConsumerService:
             self.stats.record_batch(*self._uncommitted_counts)
             self._source().commit_for_monitoring(self._uncommitted_offsets)
 
-    def _refresh(self, *, tolerance: float | None = None, max_sweeps: float | None = None
-                 ) -> None:
-        """Refresh the engines now, on the ranker thread (RANKSTREAM_RANKER_THREADS
-        kernel threads: here they would take every core); reports become pending."""
-        self._collect_refresh()
-        refresh = self._ranker.submit(self._mirror().ranks.refresh, tolerance=tolerance,
-                                      max_sweeps=max_sweeps)
-        self.publications.pending.update(refresh.result())
-        self._unrefreshed = False
-
-    def _refresh_absorbed(self) -> None:
-        """Refresh the engines if batches were absorbed since their last refresh."""
-        if self._unrefreshed:
-            self._refresh(tolerance=self.pacing.batch_tolerance(),
-                          max_sweeps=self.pacing.batch_sweeps())
-
     def _positions_after(self, next_offsets: dict[int, int]) -> dict[int, int]:
         """Next offset per partition once a batch ending at ``next_offsets`` is applied."""
         return {**self._source().positions(self._mirror().offsets), **next_offsets}
@@ -426,7 +387,7 @@ class ConsumerService:
         self._settle_commit()
         # The last publication goes out whole and fresh: refreshed to the tolerance
         # without the batch sweep cap (cheap when the engines already are fresh).
-        self._refresh()
+        self.refreshes.now()
         self.publications.capped = False
         self._flush_publications()
         if self.stop_reason == "caught-up":
@@ -444,7 +405,7 @@ class ConsumerService:
         mirror = self.mirror
         if mirror is None or all(self.stats.fresh.get(a, True) for a in mirror.start_reports):
             return False
-        self._refresh()
+        self.refreshes.now()
         self._maybe_publish(force=True)  # does not wait; stats.fresh updates when it lands
         return True
 
@@ -452,7 +413,7 @@ class ConsumerService:
         """Start a publication if one is due (see :mod:`consumer.publishing`); never
         while the engines hold batches their pending reports do not cover."""
         self.publications.start(self._mirror(), lagging=self._lagging, force=force,
-                                blocked=self._unrefreshed or self._refreshing is not None,
+                                blocked=self.refreshes.blocking,
                                 after=self._uncommitted)
 
     def _flush_publications(self) -> None:
@@ -468,10 +429,11 @@ class ConsumerService:
                               {**recovery.committed[1], **planned.write.offsets})
 
     def _rebuild(self) -> None:
-        settle_void({"refresh": self._collect_refresh, "graph transaction": self._settle_commit,
+        settle_void({"refresh": self.refreshes.collect,
+                     "graph transaction": self._settle_commit,
                      "publication": self.publications.wait})
         self.publications.reset()  # the rebuilt mirror republishes every page
-        self._unrefreshed = False
+        self.refreshes.forget_absorbed()
         self.batches.clear()
         old = self._mirror()
         warm = {alg: old.ranks.scores(alg) for alg in old.start_reports}

@@ -48,6 +48,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from producer.strict_json import HugeInteger, parse_strict_json
 from producer.urls import UrlError, _canonicalize_cached, already_canonical_lines_matcher
 from rankstream.errors import InputError
 from rankstream.input_files import numbered_lines
@@ -190,7 +191,7 @@ def _parse_ts(value: object) -> int | None:
         if not 0 <= millis <= _MAX_TS_MS:
             _fail("bad ts", f"{value[:40]!r} out of range (1970 to 9999 UTC)")
         return _not_ahead(millis, repr(value[:40]))
-    if type(value) is _HugeInteger:
+    if type(value) is HugeInteger:
         _fail("bad ts", "integer out of range (epoch milliseconds expected)")
     _fail("bad ts", f"expected epoch ms (int) or ISO 8601 string, got {_json_type(value)}")
 
@@ -218,7 +219,7 @@ def _shown(value: object, limit: int = 40) -> str:
 
 
 def _json_type(value: object) -> str:
-    names = {str: "string", int: "integer", _HugeInteger: "integer", float: "number",
+    names = {str: "string", int: "integer", HugeInteger: "integer", float: "number",
              bool: "boolean",
              list: "array", dict: "object", type(None): "null"}
     return names.get(type(value), type(value).__name__)
@@ -358,40 +359,6 @@ _EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 # --- decoding and encoding --------------------------------------------------------
 
 
-def _reject_constant(name: str) -> NoReturn:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # {"type":"link_added","type":"page",...} is ambiguous (RFC 8259 leaves duplicate
-    # names to the parser, and json.loads keeps the last): refuse it instead of
-    # guessing. About 0.2 us per event.
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()  # a set: scanning the list was quadratic (110k keys: minutes)
-        for key, _ in pairs:
-            if key in seen:
-                raise ValueError(f"duplicate key {key[:40]!r}")
-            seen.add(key)
-    return obj
-
-
-def _integer(digits: str) -> int | float:
-    # Python refuses to parse integers of more than 4,300 digits (a ValueError that
-    # would reject the whole event). Such a number can only be a bad `ts` (refused as
-    # out of range, by its type) or sit in an extra field, which is ignored.
-    return int(digits) if len(digits) <= 4000 else _HugeInteger(digits)
-
-
-class _HugeInteger(float):
-    """An integer of thousands of digits, kept as the float it rounds to (inf)."""
-
-
-# Built once: json.loads would build a new decoder per call when given parse_constant.
-_JSON_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_int=_integer,
-                                 object_pairs_hook=_unique_keys)
-
-
 def decode_event(raw: bytes | None, limits: Limits = DEFAULT_LIMITS) -> Event:
     """Bytes of one message -> a validated, canonical event, or :class:`InputError`.
 
@@ -410,15 +377,7 @@ def decode_event(raw: bytes | None, limits: Limits = DEFAULT_LIMITS) -> Event:
         text = bytes(raw).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"not UTF-8: {exc.reason} at byte {exc.start}") from exc
-    try:
-        obj = _JSON_DECODER.decode(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"malformed JSON: {exc.msg} at char {exc.pos}") from exc
-    except ValueError as exc:  # NaN / Infinity, a duplicate key
-        raise InputError(f"malformed JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise InputError("malformed JSON: nested too deeply") from exc
-    return make_event(obj, limits)
+    return make_event(parse_strict_json(text), limits)
 
 
 def make_event(obj: object, limits: Limits = DEFAULT_LIMITS) -> Event:

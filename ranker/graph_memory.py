@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
+
 # Compact when the pools (slack, garbage) pass this many bytes per link. Only the
 # pools count here, as only they shrink: with the per-page arrays counted too, a graph
 # with about as many pages as links (a crawl frontier) compacted after every batch (2M
@@ -50,3 +52,11 @@ def compaction_due(*, pools: int, per_page: int, links: int) -> bool:
     room = (BUDGET_BYTES_PER_LINK - COMPACTED_POOL_BYTES_PER_LINK) * links
     return (per_page + pools > BUDGET_BYTES_PER_LINK * links and per_page <= room
             and pools > COMPACTED_POOL_BYTES_PER_LINK * links)
+
+
+def grown_pool(pool: np.ndarray, size: int, used: int) -> np.ndarray:
+    """A larger pool of ``size`` entries holding ``pool[:used]`` (the rest
+    uninitialised: only entries below the used mark are ever read)."""
+    grown = np.empty(size, dtype=pool.dtype)
+    grown[:used] = pool[:used]
+    return grown

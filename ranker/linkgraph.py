@@ -32,7 +32,7 @@ from ranker.edge_batches import (
     sorted_unique,
     split_pair_keys,
 )
-from ranker.graph_memory import ROW_SPARE_SHIFT, compaction_due, key_table_bytes
+from ranker.graph_memory import ROW_SPARE_SHIFT, compaction_due, grown_pool, key_table_bytes
 from rankstream.errors import InputError
 
 # out_start, out_len, out_nbr, out_twin, in_start, in_len, in_nbr, in_twin
@@ -42,13 +42,6 @@ Adjacency = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
 
 # A batch with fewer link ends than 1/SORT_BELOW_SHARE of the ids groups them by sorting.
 SORT_BELOW_SHARE = 16
-
-
-def _grown(pool: np.ndarray, size: int, used: int) -> np.ndarray:
-    """A larger pool holding ``pool[:used]`` (the rest uninitialised)."""
-    grown = np.empty(size, dtype=pool.dtype)
-    grown[:used] = pool[:used]
-    return grown
 
 
 class LinkGraph:
@@ -363,7 +356,7 @@ class LinkGraph:
         if need > nbr.size:
             size = max(need, nbr.size + (nbr.size >> 1) + 1024)
             # Not np.resize: it fills the new tail by repeating the array (a second copy).
-            nbr, twin = _grown(nbr, size, used), _grown(twin, size, used)
+            nbr, twin = grown_pool(nbr, size, used), grown_pool(twin, size, used)
             setattr(self, f"{direction}_nbr", nbr)
             setattr(self, f"{direction}_twin", twin)
         end = K.relocate_rows(rows, new_caps, getattr(self, f"{direction}_start"),
