@@ -21,6 +21,7 @@ from consumer.hits_query import (
     MAX_ROOT_SIZE,
     HitsAnswer,
     HitsQuery,
+    check_cache_ttl,
     run_hits,
 )
 from consumer.redis_store import connect_redis
@@ -77,8 +78,7 @@ def query_from_args(args: argparse.Namespace) -> HitsQuery:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    if args.cache_ttl < 1:
-        raise InputError("--cache-ttl must be at least 1 second")
+    check_cache_ttl(args.cache_ttl)
     query = query_from_args(args)
     client = connect_redis(settings, client_name="rankstream-hits", reader=True)
     try:

@@ -49,6 +49,7 @@ log = logging.getLogger("rankstream.consumer.hits")
 
 __all__ = [
     "DEFAULT_CACHE_TTL",
+    "MAX_CACHE_TTL",
     "MAX_IN",
     "MAX_K",
     "MAX_QUERY_CHARS",
@@ -58,6 +59,7 @@ __all__ = [
     "HitsAnswer",
     "HitsQuery",
     "ScoredPage",
+    "check_cache_ttl",
     "collect_subgraph",
     "run_hits",
     "url_host",
@@ -72,6 +74,10 @@ MAX_IN = 500
 MAX_K = 1000
 MAX_ITER = 10_000
 DEFAULT_CACHE_TTL = 300
+# A day: an answer is read only while the graph's version is unchanged, which on a
+# live stream is seconds. Redis refuses an EX it cannot hold in milliseconds, and
+# the cache write is best effort: a huge --cache-ttl silently cached nothing.
+MAX_CACHE_TTL = 86_400
 # Bumped whenever HitsAnswer's JSON changes, so old cache entries are never read.
 _CACHE_FORMAT = 1
 _SCORE_ALGORITHM = "pagerank"
@@ -357,6 +363,11 @@ def _cache_key(prefix: str, normal: dict[str, Any], versions: tuple[int, str]) -
         {"format": _CACHE_FORMAT, "query": normal, "versions": versions}, sort_keys=True
     )
     return f"{prefix}hits:cache:{hashlib.sha256(payload.encode()).hexdigest()[:32]}"
+
+
+def check_cache_ttl(seconds: int, name: str = "--cache-ttl") -> None:
+    """InputError unless ``seconds`` is a cache lifetime we can set (1 s .. a day)."""
+    _check_range(name, seconds, 1, MAX_CACHE_TTL)
 
 
 def _check_range(name: str, value: int, low: int, high: int) -> None:

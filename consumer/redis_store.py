@@ -52,7 +52,6 @@ def connect_redis(settings: Settings, *, client_name: str = "rankstream",
         "password": password,
         "socket_timeout": READER_SOCKET_TIMEOUT_S if reader else REDIS_SOCKET_TIMEOUT_S,
         "socket_connect_timeout": 5.0,
-        "socket_keepalive": True,
         # No health checks: redis-py PINGs before a command on a connection idle for
         # the interval and, if the reply is not PONG, reconnects by itself. Between
         # the groups of a raw-RESP transaction the next reply is MULTI's +OK, and on
@@ -65,11 +64,13 @@ def connect_redis(settings: Settings, *, client_name: str = "rankstream",
         "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
         "client_name": client_name,
     }
-    if settings.redis_ssl_ca_certs is not None:
+    if not settings.redis_url.startswith("unix:"):  # a unix socket's class refuses it
+        kwargs["socket_keepalive"] = True
+    if settings.redis_ssl_ca_certs is not None:  # rediss:// only (the settings check)
         kwargs["ssl_ca_certs"] = str(settings.redis_ssl_ca_certs)
     try:
         return redis.Redis.from_url(settings.redis_url, **kwargs)
-    except (ValueError, redis.RedisError) as exc:
+    except (ValueError, TypeError, redis.RedisError) as exc:
         raise ServiceError(f"bad redis settings: {exc}") from exc
 
 

@@ -13,7 +13,7 @@ import argparse
 import logging
 import socket
 
-from consumer.hits_query import DEFAULT_CACHE_TTL
+from consumer.hits_query import DEFAULT_CACHE_TTL, check_cache_ttl
 from rankstream.errors import InputError, ServiceError
 from rankstream.settings import Settings
 
@@ -37,8 +37,10 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         return socket.create_server(address, family=family)
-    except OSError as exc:  # unknown host, address in use, permission denied
-        raise ServiceError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from exc
+    except (OSError, UnicodeError) as exc:  # unknown host, address in use, denied; a
+        # name IDNA cannot encode (an empty or 64-character label) is a UnicodeError
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ServiceError(f"cannot serve on {host}:{port}: {reason}") from exc
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -50,8 +52,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     if not 0 < args.port < 65536:
         raise InputError(f"--port must be in 1..65535, got {args.port}")
-    if args.cache_ttl < 1:
-        raise InputError("--cache-ttl must be at least 1 second")
+    check_cache_ttl(args.cache_ttl)
     client = connect_redis(settings, client_name="rankstream-serve", reader=True)
     try:
         with redis_errors("connecting"):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import signal
 import threading
 import time
@@ -103,6 +104,7 @@ class ConsumerService:
         self.source: KafkaSource | None = None
         self.dlq: DeadLetterSender | None = None
         self._holding = False  # status is written only while we hold the lease
+        self._lock_tried = False
         # Graph transactions run on one writer thread (in order) while the main thread
         # decodes the next batch.
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graph-writer")
@@ -145,7 +147,10 @@ class ConsumerService:
     def start(self) -> None:
         """Lease, topics, mirror, Kafka position: everything before the first poll."""
         settings, retry = self.settings, self.recovery.retry
-        self.recovery.wait_for_redis(self.options.startup_wait_s, self.stop_event)
+        # --max-seconds bounds the wait for Redis too (it waited 60 s past a 5 s limit).
+        wait = min(self.options.startup_wait_s, self.options.max_seconds or math.inf)
+        self.recovery.wait_for_redis(wait, self.stop_event)
+        self._lock_tried = True  # released even if the reply of a SET that took it was lost
         self.lock.acquire()
         self._holding = True
         self.lock.start_renewal()
@@ -226,7 +231,8 @@ class ConsumerService:
             self.dlq.close()
         with contextlib.suppress(Exception):  # they expire anyway (BACK_TTL_MS)
             self.publisher.release()
-        self.lock.release()
+        if self._lock_tried:  # not while Redis was down at start (a misleading warning)
+            self.lock.release()
         self.redis.close()
 
     # -- one batch ------------------------------------------------------------------

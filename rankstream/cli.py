@@ -41,11 +41,22 @@ COMMANDS: dict[str, tuple[str, str]] = {
 EXIT_USAGE = 2
 
 
+def one_line(text: str) -> str:
+    """``text`` with every unprintable character escaped (``\\n``, ``\\x85``,
+    ``\\u2028``, a lone surrogate's ``\\udc80``): a path or value a user gave, holding
+    a newline, split the error message over two lines, and a surrogate (from a
+    non-UTF-8 file name) could not be written to stderr at all."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
+                   for ch in text)
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """argparse prints usage plus an error; we print just the error, on one line."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.stderr.write(one_line(f"{self.prog}: error: {message}") + "\n")
         raise SystemExit(EXIT_USAGE)
 
 
@@ -81,10 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings()
         code: int = args._module.run(args, settings)
     except RankstreamError as exc:
-        sys.stderr.write(f"rankstream{command}: error: {exc}\n")
+        sys.stderr.write(one_line(f"rankstream{command}: error: {exc}") + "\n")
         return EXIT_USAGE
     except KeyboardInterrupt:
-        sys.stderr.write(f"rankstream{command}: interrupted\n")
+        sys.stderr.write(one_line(f"rankstream{command}: interrupted") + "\n")
         return 130
     except BrokenPipeError:
         # `rankstream rank ... | head` closes our stdout early; that is not an error.

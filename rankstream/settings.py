@@ -27,7 +27,19 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, Settin
 
 from rankstream.errors import ConfigError
 
+ENV_FILE = Path(".env")  # read from the working directory, as pydantic-settings does
 _SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")  # RFC 3986, section 3.1 (lower-cased)
+
+
+def _check_host(host: str) -> None:
+    """ValueError for a host name no resolver can be asked about: an empty label
+    (``a..b``) or one over 63 characters failed inside ``getaddrinfo`` as a
+    UnicodeError, a traceback in every command that connects."""
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        raise ValueError(f"bad host name {host!r} (an empty label, or one longer than "
+                         "63 characters)") from None
 
 
 def _default_cache_dir() -> Path:
@@ -38,7 +50,7 @@ class Settings(BaseSettings):
     """Everything an operator may tune. Field docs are the reference."""
 
     model_config = SettingsConfigDict(
-        env_prefix="RANKSTREAM_", env_file=".env", extra="ignore", frozen=True
+        env_prefix="RANKSTREAM_", env_file=ENV_FILE, extra="ignore", frozen=True
     )
 
     # --- Kafka -----------------------------------------------------------------
@@ -176,6 +188,7 @@ class Settings(BaseSettings):
             raise ValueError(f"bad port {advice}") from None
         if not url.hostname:
             raise ValueError("no host (redis://host:port/db)")
+        _check_host(url.hostname)
         db = url.path.strip("/")
         if db and not db.isdigit():
             raise ValueError(f"the database must be a number {advice}")
@@ -209,6 +222,15 @@ class Settings(BaseSettings):
             data["redis_password"] = unquote(password)
         return data
 
+    @model_validator(mode="after")
+    def _ca_certs_need_tls(self) -> Settings:
+        # redis-py passed the CA file to a plain or unix-socket connection, which
+        # refused the keyword with a TypeError (a traceback) in every command.
+        if self.redis_ssl_ca_certs is not None and not self.redis_url.startswith("rediss://"):
+            raise ValueError("RANKSTREAM_REDIS_SSL_CA_CERTS needs a rediss:// "
+                             "RANKSTREAM_REDIS_URL (TLS)")
+        return self
+
     @field_validator("kafka_bootstrap")
     @classmethod
     def _check_bootstrap(cls, value: str) -> str:
@@ -216,6 +238,7 @@ class Settings(BaseSettings):
             host, colon, port = server.strip().rpartition(":")
             if not (colon and host and port.isdigit() and 0 < int(port) < 65536):
                 raise ValueError(f"expected host:port[,host:port...], got {server.strip()!r}")
+            _check_host(host.removeprefix("[").removesuffix("]"))
         return value
 
     @field_validator("allowed_schemes", mode="before")
@@ -259,14 +282,36 @@ class Settings(BaseSettings):
                                         "Kafka port + 1")
 
 
+def _check_env_file(path: Path = ENV_FILE) -> None:
+    """ConfigError naming the first line of ``.env`` that python-dotenv cannot parse.
+
+    pydantic-settings reads the file with python-dotenv, which skips such a line with
+    a warning of its own and goes on: ``RANKSTREAM_DAMPING="0.5`` (a quote left open)
+    ranked at the default 0.85 and exited 0. The line itself is not shown: it may
+    hold a password. A missing file or a non-file (a FIFO) is left to the reader.
+    """
+    from dotenv.parser import parse_stream
+
+    if not path.is_file():
+        return
+    with path.open(encoding="utf-8") as stream:
+        for binding in parse_stream(stream):
+            if binding.error:
+                raise ConfigError(f"cannot read the .env file: line {binding.original.line} "
+                                  "is not NAME=value (an unclosed quote?)")
+
+
 def load_settings(**overrides: object) -> Settings:
     """Read the environment once and validate it; a bad value is a ConfigError."""
     try:
+        _check_env_file()
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "settings"
+        field = ".".join(str(p) for p in first["loc"])
         message = first["msg"].removeprefix("Value error, ")  # pydantic's, for our ValueErrors
+        if not field:  # a rule across settings: its message names them
+            raise ConfigError(f"bad settings: {message}") from exc
         raise ConfigError(f"bad setting RANKSTREAM_{field.upper()}: {message}") from exc
     except SettingsError as exc:
         # pydantic-settings failed to decode a value before validation could see it

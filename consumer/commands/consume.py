@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    if args.max_seconds is not None and args.max_seconds <= 0:
+    if args.max_seconds is not None and not args.max_seconds > 0:  # NaN fails this too
         raise ConfigError("--max-seconds must be positive")
     if args.lock_ttl_ms < 1000:
         raise ConfigError("--lock-ttl-ms must be at least 1000")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
-from rankstream.errors import ServiceError
+from rankstream.errors import ConfigError, ServiceError
 from rankstream.services.stack import down, env_lines, status, up
 from rankstream.settings import Settings
 
@@ -48,6 +49,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
+    if not 0 < args.timeout < math.inf:  # NaN fails this too
+        raise ConfigError("--timeout must be a positive number of seconds")
     if args.action == "up":
         started = time.monotonic()
         states = up(settings, timeout=args.timeout, install=not args.no_install, log=_say)

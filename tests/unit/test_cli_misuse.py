@@ -1,0 +1,139 @@
+"""Misuse of the commands beside `rank` (tests/unit/test_rank_command.py has its own):
+one line on stderr and exit 2, found before any service is asked (a session-27 review).
+
+Every test points Kafka and Redis at a closed port, so a check that failed to fire
+would show as a connection error, never as a write to a running service.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from rankstream.cli import main, one_line
+
+FIG2 = "A\tB\nA\tC\nB\tC\nC\tA\nC\tB\n"
+CLOSED = "127.0.0.1:1"
+
+
+@pytest.fixture(autouse=True)
+def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RANKSTREAM_REDIS_URL", f"redis://{CLOSED}/0")
+    monkeypatch.setenv("RANKSTREAM_KAFKA_BOOTSTRAP", CLOSED)
+    monkeypatch.chdir(tmp_path)  # no .env of the developer's
+
+
+def one_line_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("argv, message", [
+    # NaN passed `<= 0` and the consumer never stopped.
+    (["consume", "--max-seconds", "nan"], "--max-seconds must be positive"),
+    (["services", "status", "--timeout", "nan"], "--timeout must be a positive"),
+    (["services", "down", "--timeout", "-1"], "--timeout must be a positive"),
+    # A numpy traceback once the topics were created; 3e9 a silent out-of-memory kill.
+    (["produce", "--synthetic", "100000000000000000000000000"], "more than 100,000,000 links"),
+    (["produce", "--synthetic", "20000000"], "(the synthetic graph is built in memory first)"),
+    # Redis refused the EX and the best-effort cache write cached nothing, silently.
+    (["hits", "python", "--cache-ttl", "99999999999999999999"], "--cache-ttl"),
+    (["serve", "--cache-ttl", "86401"], "must be an integer in [1, 86400]"),
+    (["serve", "--cache-ttl", "0"], "must be an integer in [1, 86400]"),
+])
+def test_bad_arguments_are_refused_before_connecting(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    err = one_line_error(argv, capsys)
+    assert message in err and "connect" not in err
+
+
+@pytest.mark.parametrize("name, value", [
+    ("REDIS_URL", "redis://a..b:6379/0"),
+    ("REDIS_URL", f"redis://{'x' * 64}.example:6379/0"),
+    ("KAFKA_BOOTSTRAP", "a..b:9092"),
+    ("KAFKA_BOOTSTRAP", f"127.0.0.1:9092,{'x' * 64}:9092"),
+])
+def test_host_names_no_resolver_takes_are_a_bad_setting(
+        name: str, value: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """getaddrinfo raised UnicodeError for them: a traceback in every command."""
+    monkeypatch.setenv(f"RANKSTREAM_{name}", value)
+    err = one_line_error(["status"], capsys)
+    assert f"bad setting RANKSTREAM_{name}: bad host name" in err
+
+
+def test_a_ca_file_without_tls_is_a_bad_setting(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """redis-py handed it to a plain connection, which refused it with a TypeError."""
+    (tmp_path / "ca.pem").write_text("")
+    monkeypatch.setenv("RANKSTREAM_REDIS_SSL_CA_CERTS", str(tmp_path / "ca.pem"))
+    err = one_line_error(["status"], capsys)
+    assert "bad settings: RANKSTREAM_REDIS_SSL_CA_CERTS needs a rediss://" in err
+
+
+def test_a_unix_socket_url_connects_like_any_other(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """socket_keepalive, given to every client, made a unix socket's a TypeError."""
+    monkeypatch.setenv("RANKSTREAM_REDIS_URL", f"unix://{tmp_path}/none.sock")
+    err = one_line_error(["status"], capsys)
+    assert "redis unavailable" in err and "none.sock" in err
+
+
+def test_an_env_file_line_that_does_not_parse_is_named(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """python-dotenv skipped it with a warning: the rank ran at the default damping."""
+    (tmp_path / "good.tsv").write_text(FIG2)
+    (tmp_path / ".env").write_text('# ours\nRANKSTREAM_DAMPING="0.5\n')
+    err = one_line_error(["rank", "--edges", "good.tsv"], capsys)
+    assert "cannot read the .env file: line 2 is not NAME=value" in err
+    assert "0.5" not in err  # the line may hold a password: never shown
+
+
+def test_a_newline_in_a_path_stays_escaped_on_the_one_line(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "bad\nname.tsv").write_text("A\tB\nx\n")
+    err = one_line_error(["rank", "--edges", str(tmp_path / "bad\nname.tsv")], capsys)
+    assert "bad\\nname.tsv:2: expected 'src<TAB>dst'" in err
+
+
+def test_one_line_escapes_only_what_would_break_the_line() -> None:
+    assert one_line("plain: é ü 中") == "plain: é ü 中"
+    assert one_line("a\nb\rc\x85d\u2028e\udc80") == "a\\nb\\rc\\x85d\\u2028e\\udc80"
+
+
+def test_serve_names_a_host_no_resolver_takes() -> None:
+    from consumer.serve_cli import _bind
+    from rankstream.errors import ServiceError
+
+    for host in ("a..b", "x" * 64):
+        with pytest.raises(ServiceError, match="cannot serve on"):
+            _bind(host, 0)
+    with _bind("127.0.0.1", 0) as listener:
+        assert listener.family == socket.AF_INET
+
+
+def test_consume_with_redis_down_keeps_to_max_seconds(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """It waited its full 60 s for Redis, then warned that it could not release a
+    lock it never took."""
+    import logging
+
+    from consumer.commands import consume
+
+    # The JSON log to stderr, without its process-wide handler outliving the test.
+    def log_to_stderr(level: str) -> None:
+        monkeypatch.setattr(logging.getLogger("rankstream"), "handlers",
+                            [logging.StreamHandler()])
+
+    monkeypatch.setattr(consume, "setup_json_logging", log_to_stderr)
+    started = time.monotonic()
+    err = one_line_error(["consume", "--max-seconds", "1"], capsys)
+    assert time.monotonic() - started < 20
+    assert "redis unavailable" in err and "release" not in err
