@@ -37,7 +37,14 @@ import numba
 import numpy as np
 
 from ranker._column_kernels import signed_factor
-from ranker._kernels import KIND_WPR, _column_scale, _edge_factor, njit
+from ranker._kernels import (
+    KIND_WPR,
+    _column_scale,
+    _edge_factor,
+    compensated_add,
+    njit,
+    residual_rounding,
+)
 
 
 @njit(cache=True)
@@ -74,23 +81,32 @@ def _owed_scale(m, out_len, si, so, pending):
 
 @njit(cache=True)
 def pull_pages(pages, damping, y, r, base, in_start, in_len, in_nbr, out_len, si, so, pending):
-    """``r`` of ``pages`` from their in-links, each owed column at its old scale.
+    """``r`` of ``pages`` from their in-links, each owed column at its old scale;
+    returns the bound on the new entries' rounding (``sum |r - r_exact|`` over them).
 
     :func:`ranker._kernels.full_residual_pull` restricted to ``pages``: a page with
     out-links sums its mode-1 columns, one without its mode-2 columns (the other
-    mode gives it factor 0), times its own factor.
+    mode gives it factor 0), times its own factor; compensated, as there.
     """
+    rounding = 0.0
     for k in range(pages.size):
         n = pages[k]
         kind = 1 if out_len[n] > 0 else 2
         acc = 0.0
+        carry = 0.0
+        magnitude = 0.0
         start = in_start[n]
         for i in range(in_len[n]):
             m = in_nbr[start + i]
             scale, mode = _owed_scale(m, out_len, si, so, pending)
             if mode == kind:
-                acc += y[m] * scale
-        r[n] = base[n] - y[n] + damping * acc * _edge_factor(kind, n, in_len, out_len)
+                x = y[m] * scale
+                acc, carry = compensated_add(acc, carry, x)
+                magnitude += abs(x)
+        factor = damping * _edge_factor(kind, n, in_len, out_len)
+        r[n] = base[n] - y[n] + (acc + carry) * factor
+        rounding += residual_rounding(base[n], y[n], magnitude * abs(factor), in_len[n])
+    return rounding
 
 
 @njit(cache=True, parallel=True)

@@ -30,9 +30,12 @@ from __future__ import annotations
 import numpy as np
 
 # The smallest relative tolerance the engines accept. r itself is computed in float64:
-# a page's residual sums its in-links' terms, each rounded, so r carries an error of
-# the order of k * 2.2e-16 * y for k in-links. Below ~1e-13 of sum(y) the residual of
-# a converged vector is that noise, and a bound derived from it is not a bound (on the
+# a page's residual sums its in-links' terms, each rounded, so a plain sum carries an
+# error of the order of k * 2.2e-16 * y for k in-links. The engines' sums are now
+# compensated and their rounding certified (ranker._kernels.full_residual_pull,
+# ResidualEngine.residual_error: about 7e-15 of sum(y)), but the floor stays: below
+# ~1e-13 of sum(y) the residual of a converged vector is that noise, and a bound
+# derived from a plain sum's was not a bound (on the
 # Python docs graph, a refresh to 1e-16 claimed an L1 error 100x smaller than the true
 # one, measured in long double). The static solvers recompute r each sweep and stop at
 # their absolute tol; at d = 0.85 their bound held even at 7e-16 of sum(y), but at
@@ -107,8 +110,8 @@ def max_abs_bound(peak: float, y_max: float, damping: float) -> float:
 
 
 def push_thresholds(*, tolerance: float, damping: float, total: float, y_max: float,
-                    live_count: int, eps_scale: float, max_error: float | None
-                    ) -> tuple[float, float]:
+                    live_count: int, eps_scale: float, max_error: float | None,
+                    unseen: float = 0.0) -> tuple[float, float]:
     """(allowed ``||r||_1``, push threshold on ``|r[m]|``) for the current sum and max of y.
 
     ``tolerance`` is relative to ``sum(y) = total`` (see :mod:`ranker.residual`). The
@@ -118,14 +121,17 @@ def push_thresholds(*, tolerance: float, damping: float, total: float, y_max: fl
     ``max_error`` it is also capped so that :func:`max_abs_bound` is at most
     ``max_error``. The threshold aims :data:`DRIFT_SHARE` below both targets: that
     share is left for the residual's rounding drift (:func:`rounding_drift`), which
-    the certificates add.
+    the certificates add. ``unseen``, the L1 rounding ``r`` was computed with (which
+    the certificates add too), comes off both targets first; never below the drift's
+    share, where a target out of reach is left for the certificate to refuse.
     """
     d = damping
     target = tolerance * (1.0 - d) * total
-    free = (1.0 - DRIFT_SHARE) * target
+    free = max((1.0 - DRIFT_SHARE) * target - unseen, DRIFT_SHARE * target)
     floor = free / live_count
     eps = min(max(floor * eps_scale, floor), free)
     if max_error is not None:
-        cap = (1.0 - DRIFT_SHARE) * max_error
+        cap = max((1.0 - DRIFT_SHARE) * max_error - unseen / (1.0 - d),
+                  DRIFT_SHARE * max_error)
         eps = min(eps, cap * (1.0 - d) / (max(y_max, 1.0 - d) + cap))
     return target, eps

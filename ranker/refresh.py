@@ -103,6 +103,10 @@ class Refresh:
         self.work = self.change
         self.pushes = self.sweeps = self.global_work = 0
         self.live_count = max(e.live_count, 1)
+        if e.live_count == 0 and not e.y[:self.n].any():
+            # Nothing live and y all 0: the exact r is 0 too, so r is off by what ||r||_1
+            # shows and no rounding is left unseen (an empty graph is exact, and fresh).
+            e.drift = e.residual_error = 0.0
         # b alone gives sum(y) >= (1 - d) * live pages, a safe floor before y settles.
         self.total = max(e.total, (1.0 - d) * self.live_count)
         # y grows where links were added; the threshold is re-derived from the exact
@@ -306,7 +310,8 @@ class Refresh:
         if self.mode == "global" and (self.sweeps >= e.max_sweeps
                                       or self.global_work >= self.global_budget):
             return True  # reported as not fresh
-        if self.peak <= self.eps and self.l1 + self.drift() > self.target:
+        if (self.peak <= self.eps
+                and self.l1 + self.drift() + e.residual_error > self.target):
             # The dust below the threshold alone exceeds the target: go finer.
             floor = self.target / self.live_count
             finer = min(self.eps / 4.0, self.peak / 2.0)  # below the peak, so something moves
@@ -325,12 +330,14 @@ class Refresh:
                                     if owed else 0.0)
 
     def certified(self, drift: float) -> bool:
-        """Both bounds within their targets, with ``drift`` added to ``||r||_1``: no
-        entry of ``(I - d*M)^-1`` exceeds ``1 / (1 - d)``, so it adds at most
-        ``drift / (1 - d)`` to any page's error."""
+        """Both bounds within their targets, with ``drift`` and the residual's own
+        rounding (``residual_error``) added to ``||r||_1``: no entry of ``(I -
+        d*M)^-1`` exceeds ``1 / (1 - d)``, so they add at most that over ``1 - d``
+        to any page's error."""
         e = self.engine
-        per_page = max_abs_bound(self.peak, self.y_max, e.damping) + drift / (1.0 - e.damping)
-        return self.l1 + drift <= self.target and per_page <= e.error_cap
+        unseen = drift + e.residual_error
+        per_page = max_abs_bound(self.peak, self.y_max, e.damping) + unseen / (1.0 - e.damping)
+        return self.l1 + unseen <= self.target and per_page <= e.error_cap
 
     def recompute_exactly(self) -> None:
         """``r`` from scratch for ``y`` as it stands (the owed shift paid first)."""
@@ -364,9 +371,11 @@ class Refresh:
                                 e.live, e.y, e.published, e.publish_threshold)
         e.total = self.total
         e.y_max = self.y_max
-        # The certificate counts the rounding drift the kept r cannot show.
-        e.bound = (self.l1 + e.drift) / (1.0 - d)
-        max_abs = min(max_abs_bound(self.peak, self.y_max, d) + e.drift / (1.0 - d), e.bound)
+        # The certificate counts the rounding drift the kept r cannot show, and the
+        # rounding of r's last computation from scratch.
+        unseen = e.drift + e.residual_error
+        e.bound = (self.l1 + unseen) / (1.0 - d)
+        max_abs = min(max_abs_bound(self.peak, self.y_max, d) + unseen / (1.0 - d), e.bound)
         # The bound, drift included, not l1: a warm start of 1e20 cancelled to a zero
         # kept residual and a negative total, with everything in the drift, and was
         # called fresh.

@@ -118,6 +118,10 @@ class ResidualEngine:
         # recomputed (ranker.bounds.rounding_drift); a refresh recomputes r before
         # calling y fresh if that could matter.
         self.drift = 0.0
+        # How far r may be from b + d*M*y - y by the rounding of its last computation
+        # from scratch (full_residual_pull's, and pull_pages' since): certificates add
+        # it like the drift, but it is no reason to recompute (that is what left it).
+        self.residual_error = 0.0
         self.pending_work = 0
         self.rescan = False  # queue every page above the threshold at the next refresh
         # r awaits a recomputation at the next refresh: column updates meanwhile are skipped.
@@ -317,8 +321,9 @@ class ResidualEngine:
         flipped = DR.rescale_ends(changed, g.in_len, g.out_len, self.factor, self.base,
                                   self.y, self.r)
         self._add_columns(sources, 1.0)
-        DR.pull_pages(flipped, self.damping, self.y, self.r, self.base, g.in_start, g.in_len,
-                      g.in_nbr, g.out_len, self.si, self.so, self.pending)
+        self.residual_error += DR.pull_pages(
+            flipped, self.damping, self.y, self.r, self.base, g.in_start, g.in_len, g.in_nbr,
+            g.out_len, self.si, self.so, self.pending)
 
     def settle_owed(self, num_ids: int) -> int:
         """Pay the owed re-weigh into the scaled residual (:mod:`ranker._scaled_sweep`,
@@ -409,9 +414,9 @@ class ResidualEngine:
             CK.all_sums(n, g.out_start, g.out_len, g.out_nbr, g.in_len, self.si, self.so)
             CK.set_factors(np.arange(n), g.in_len, g.out_len, self.factor)
             self.sums_exact = True
-        self.l1, _ = K.full_residual_pull(self.kind, self.damping, n, live, self.y, self.r,
-                                          g.in_start, g.in_len, g.in_nbr, g.out_len,
-                                          self.si, self.so)
+        self.l1, _, self.residual_error = K.full_residual_pull(
+            self.kind, self.damping, n, live, self.y, self.r, g.in_start, g.in_len, g.in_nbr,
+            g.out_len, self.si, self.so)
         if self.mode is not None:
             self.mode.recompute_image(n)
         K.clear_queue(self.queue, self.qstate, self.inq)
@@ -444,7 +449,7 @@ class ResidualEngine:
                    ) -> tuple[float, float]:
         return push_thresholds(tolerance=tolerance, damping=self.damping, total=total,
                                y_max=y_max, live_count=live_count, eps_scale=self.eps_scale,
-                               max_error=self.max_error)
+                               max_error=self.max_error, unseen=self.residual_error)
 
     def refresh(self, *, mode: str = "local", tolerance: float | None = None,
                 max_sweeps: float | None = None) -> RefreshReport:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numba
 import numpy as np
 import pytest
@@ -13,9 +15,11 @@ from ranker import _split_sweep as SS
 from ranker import _thread_guard as TG
 from ranker import refresh, residual
 from ranker._thread_guard import ThreadGuard
+from ranker.bounds import tolerance_floor
 from ranker.dominant_mode import NO_MODE
 from ranker.edge_batches import EdgeBatch
 from ranker.incremental import LiveRanks
+from ranker.linkgraph import LinkGraph
 from ranker.pagerank import pagerank
 from ranker.refresh import SLOW_SWEEP, Refresh
 from ranker.synthetic import copying_model_graph, random_edit_batch
@@ -335,9 +339,9 @@ def test_parallel_pulled_residual_equals_the_reference(algorithm: str) -> None:
     y = engine.y.copy()
     y[::13] = 0.0
     pulled = np.zeros_like(engine.r)
-    l1, peak = K.full_residual_pull(engine.kind, engine.damping, n, graph.live_mask(), y,
-                                    pulled, graph.in_start, graph.in_len, graph.in_nbr,
-                                    graph.out_len, engine.si, engine.so)
+    l1, peak, _ = K.full_residual_pull(engine.kind, engine.damping, n, graph.live_mask(), y,
+                                       pulled, graph.in_start, graph.in_len, graph.in_nbr,
+                                       graph.out_len, engine.si, engine.so)
     expected = _residual_reference(graph, engine.kind, engine.damping, y, engine.si[:n],
                                    engine.so[:n])
     np.testing.assert_allclose(pulled[:n], expected, rtol=0, atol=1e-12)
@@ -513,3 +517,70 @@ def test_refresh_goes_on_with_one_thread_when_a_core_is_taken() -> None:
         ranks.apply(random_edit_batch(graph, 3000, rng))
         assert len(calls["split"]) == 2
     assert numba.get_num_threads() == before
+
+
+# --- the residual's own rounding (session 27's review) ------------------------------
+
+
+def _star_into_a_two_cycle(n: int) -> LinkGraph:
+    """Pages 1..n-1 link to page 0, which links to page 1: one hub with n - 1 in-links
+    whose terms are all alike, so a plain sum of them rounds the same way each time."""
+    src = np.r_[np.arange(1, n), 0].astype(np.int32)
+    dst = np.r_[np.zeros(n - 1), 1].astype(np.int32)
+    return LinkGraph.from_id_edges(src, dst, [f"p{i}" for i in range(n)])
+
+
+def _star_exact(n: int, damping: float) -> list[Fraction]:
+    """The exact ``y`` of that graph, PageRank's and WPR's alike (every page has one
+    out-link, and WPR's weights then come to PageRank's)."""
+    d = Fraction(damping)
+    b = 1 - d
+    hub = (b + d * b + d * (n - 2) * b) / (1 - d * d)
+    return [hub, b + d * hub] + [b] * (n - 2)
+
+
+def _exact_l1(y: np.ndarray, exact: list[Fraction]) -> float:
+    return float(sum(abs(Fraction(float(v)) - e) for v, e in zip(y, exact, strict=True)))
+
+
+@pytest.mark.parametrize("damping", [0.85, 0.93, 0.97])
+def test_a_hub_of_alike_terms_is_certified_within_its_true_error(damping: float) -> None:
+    """A plain sum of the hub's 4,999 in-link terms came out with a residual of exactly
+    0 where the exact one was 1e-9: called fresh at the smallest tolerance with a true
+    error over it (d = 0.93, 0.97), and with a bound of 0 under a max_error of 1e-10."""
+    n = 5000
+    graph = _star_into_a_two_cycle(n)
+    exact = _star_exact(n, damping)
+    for max_error in (None, 1e-10):
+        ranks = LiveRanks(graph, damping=damping, tolerance=tolerance_floor(damping),
+                          max_error=max_error)
+        for algorithm, report in ranks.cold_start().items():
+            y = ranks.scores(algorithm)[:n]
+            true_l1 = _exact_l1(y, exact)
+            assert report.bound > 0.0
+            assert true_l1 <= report.bound, (algorithm, max_error)
+            assert float(max(abs(Fraction(float(v)) - e) for v, e in zip(y, exact, strict=True))
+                         ) <= report.max_abs_bound
+            if report.fresh:
+                assert true_l1 <= report.relative_bound * report.total
+                assert true_l1 / float(sum(exact)) <= tolerance_floor(damping)
+
+
+def test_the_pulled_residuals_rounding_bounds_its_error_against_exact_arithmetic() -> None:
+    n = 5000
+    graph = _star_into_a_two_cycle(n)
+    d = 0.93
+    y = np.array([float(v) for v in _star_exact(n, d)])
+    r = np.zeros(n)
+    none = np.zeros(n)
+    _, _, rounding = K.full_residual_pull(K.KIND_PAGERANK, d, n, graph.live_mask(), y, r,
+                                          graph.in_start, graph.in_len, graph.in_nbr,
+                                          graph.out_len, none, none)
+    D = Fraction(d)
+    Y = [Fraction(v) for v in y]
+    exact_r = [(1 - D) - Y[0] + D * sum(Y[1:])]
+    exact_r.append((1 - D) - Y[1] + D * Y[0])
+    exact_r += [(1 - D) - Y[i] for i in range(2, n)]
+    error = float(sum(abs(Fraction(float(v)) - e) for v, e in zip(r, exact_r, strict=True)))
+    assert 0.0 < error <= rounding
+    assert rounding < 1e-12 * float(sum(Y))  # well below any tolerance the engines take
