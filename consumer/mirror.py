@@ -26,7 +26,8 @@ import redis
 from consumer.graph_write import GraphCounters, GraphWrite, plan_links
 from consumer.keys import Keys, offset_field
 from consumer.redis_store import StoredState, crawled_bitmap, load_published, load_stored
-from consumer.snapshot import read_identity, read_snapshot
+from consumer.snapshot import read_identity, read_snapshot, unused_snapshot
+from rankstream.errors import InputError
 from rankstream.settings import Settings
 
 log = logging.getLogger("rankstream.consumer.mirror")
@@ -86,7 +87,6 @@ class Mirror:
         restart snapshot file (:mod:`consumer.snapshot`) to read instead of the
         graph and the ZSETs, if it still matches what Redis holds.
         """
-        from ranker import EdgeBatch, LinkGraph
         from ranker.incremental import LiveRanks
         from rankstream.graph_updates import NO_TS, EventApplier
 
@@ -96,13 +96,15 @@ class Mirror:
             found = read_snapshot(snapshot, read_identity(client, keys), settings.topic)
         stored: StoredState
         from_snapshot: dict[str, np.ndarray]
-        if found is None:
-            stored, from_snapshot = load_stored(client, keys, settings.topic), {}
-        else:
+        graph = None
+        if found is not None:
             stored, from_snapshot = found
-        graph = LinkGraph.from_id_edges(stored.edge_src, stored.edge_dst, stored.urls)
-        if stored.removed.size:
-            graph.apply(EdgeBatch(removed_pages=stored.removed))
+            graph = _snapshot_graph(stored, snapshot)
+            if graph is None:
+                found = None
+        if graph is None:
+            stored, from_snapshot = load_stored(client, keys, settings.topic), {}
+            graph = _stored_graph(stored)
         n = graph.num_ids
         # Room to grow before the first batch arrives, not during it (see reserve).
         graph.reserve(n + (n >> 1))
@@ -111,7 +113,7 @@ class Mirror:
             ids = np.fromiter(stored.last_ts.keys(), dtype=np.int64, count=len(stored.last_ts))
             stamps = np.fromiter(stored.last_ts.values(), dtype=np.int64,
                                  count=len(stored.last_ts))
-            inside = ids < n
+            inside = (ids >= 0) & (ids < n)
             last_ts[ids[inside]] = stamps[inside]
         removed_flag = np.zeros(n, dtype=bool)
         removed_flag[stored.removed] = True
@@ -240,3 +242,30 @@ class Mirror:
         """``P offsets`` as published in meta (topic:partition -> next offset)."""
         return {offset_field(self.topic, p): off for p, off in sorted(self.offsets.items())}
 
+
+
+def _stored_graph(stored: StoredState) -> Any:
+    """The :class:`ranker.LinkGraph` of ``stored`` (its links, then its removed pages)."""
+    from ranker import EdgeBatch, LinkGraph
+
+    graph = LinkGraph.from_id_edges(stored.edge_src, stored.edge_dst, stored.urls)
+    if stored.removed.size:
+        graph.apply(EdgeBatch(removed_pages=stored.removed))
+    return graph
+
+
+def _snapshot_graph(stored: StoredState, path: Path | None) -> Any:
+    """The graph of a snapshot's ``stored``, or None (logged) if it is not the graph
+    its counters describe: self links, duplicates and links of removed pages leave
+    fewer links (its ids, types and ranges are checked already, in read_snapshot)."""
+    try:
+        graph = _stored_graph(stored)
+    except InputError as exc:
+        why = f"its graph is not loadable: {exc}"
+    else:
+        if graph.num_links == stored.counters.links:
+            return graph
+        why = (f"its graph has {graph.num_links} distinct links between live pages, "
+               f"the counters {stored.counters.links}")
+    unused_snapshot(path, why)
+    return None

@@ -31,6 +31,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import time
 import zipfile
 from collections.abc import Mapping
@@ -138,11 +139,17 @@ def write_snapshot(path: Path, identity: Identity, stored: StoredState,
     return time.perf_counter() - started
 
 
+# Snapshot files are named by snapshot_path: 24 hex digits. Only such names are
+# pruned (the directory may be shared: a user's own old .npz files were deleted).
+_NAME = "[0-9a-f]" * 24
+
+
 def _prune(kept: Path) -> None:
     # Temporary files are left only by a writer killed mid-write (one can be 100 MB);
     # one still being written is seconds old.
     now = time.time()
-    for pattern, age in (("*.npz", KEEP_DAYS * 86400.0), ("*.npz.*.tmp", 3600.0)):
+    for pattern, age in ((f"{_NAME}.npz", KEEP_DAYS * 86400.0),
+                         (f"{_NAME}.npz.*.tmp", 3600.0)):
         for old in kept.parent.glob(pattern):
             try:
                 if old != kept and old.stat().st_mtime < now - age:
@@ -151,61 +158,140 @@ def _prune(kept: Path) -> None:
                 continue  # another consumer's file, gone or busy: not ours to insist on
 
 
+# Every member a snapshot has, no more and no fewer: zipfile trusts each central
+# directory entry's lengths, so one flipped bit in a comment length hid the members
+# after it (both published vectors), and the file loaded without them.
+_MEMBERS = frozenset({"format", "identity", "urls", "removed", "edge_src", "edge_dst",
+                      "ts_ids", "ts_values", "crawled_known", "crawled",
+                      *(f"published_{a}" for a in ALGORITHMS)})
+_ID_ARRAYS = ("removed", "edge_src", "edge_dst", "ts_ids")
+
+
 def read_snapshot(path: Path, identity: Identity, topic: str
                   ) -> tuple[StoredState, dict[str, np.ndarray]] | None:
-    """The snapshot's state and published vectors if it matches ``identity``, else None."""
+    """The snapshot's state and published vectors if it matches ``identity``, else None.
+
+    Nothing in the file is trusted beyond its CRCs and what is checked here: a file
+    that fails any check is logged and left for Redis to stand in for, so that a
+    snapshot can make a start faster but never wrong, stuck or crashed.
+    """
     started = time.perf_counter()
-    if not path.exists():
-        return None
     counters = GraphCounters.from_redis({k.encode(): v.encode()
                                          for k, v in identity.graph.items()})
     try:
-        # zipfile checks a member's CRC only when it is read to its end, and np.load
-        # stops where the member's header says: a corrupted shape read short and was
-        # trusted. Every CRC first (100 MB: ~0.1 s, against ~10 s of Redis reads).
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
-        if bad is not None:
-            _unused(path, f"unreadable: member {bad} fails its CRC")
-            return None
-        with np.load(path, allow_pickle=False) as data:
-            if int(data["format"][0]) != FORMAT:
-                _unused(path, "written by another version")
-                return None
-            if bytes(data["identity"]).decode() != identity.to_json():
-                _unused(path, "Redis has changed since it was written")
-                return None
-            text = bytes(data["urls"]).decode()
-            urls = text.split("\n") if text else []
-            last_ts = dict(zip(data["ts_ids"].tolist(), data["ts_values"].tolist(),
-                               strict=True))
-            published = {name.removeprefix("published_"): data[name]
-                         for name in data.files if name.startswith("published_")}
-            removed, edge_src, edge_dst = data["removed"], data["edge_src"], data["edge_dst"]
-            crawled = (crawled_flags(bytes(data["crawled"]), counters.ids, "crawled")
-                       if bool(data["crawled_known"][0]) else None)
+        arrays = _read_members(path)
+    except FileNotFoundError:
+        return None  # no snapshot: the usual first start
     except Exception as exc:  # a cache we cannot read (numpy's header parser alone
-        # raises SyntaxError and tokenize errors): Redis decides
-        _unused(path, f"unreadable: {type(exc).__name__}: {exc}")
+        # raises SyntaxError and tokenize errors; a directory we may not search, a
+        # symlink loop): Redis decides
+        unused_snapshot(path, f"unreadable: {type(exc).__name__}: {exc}")
         return None
-    sizes = {"urls": len(urls), "edge_src": edge_src.size, "edge_dst": edge_dst.size,
-             **{f"published_{a}": v.size for a, v in published.items()}}
-    expected = {"urls": counters.ids, "edge_src": counters.links, "edge_dst": counters.links,
-                **{f"published_{a}": counters.ids for a in published}}
-    if sizes != expected:
-        _unused(path, f"its arrays do not fit the stored counters: {sizes} != {expected}")
+    if isinstance(arrays, str):
+        unused_snapshot(path, arrays)
         return None
-    if removed.size and (int(removed.min()) < 0 or int(removed.max()) >= counters.ids):
-        _unused(path, "a removed page id is out of range")
+    why = _malformed(arrays, counters)
+    if why is not None:
+        unused_snapshot(path, why)
         return None
-    stored = StoredState(urls=urls, removed=removed, edge_src=edge_src, edge_dst=edge_dst,
-                         last_ts=last_ts, offsets=topic_offsets(identity.offsets, topic),
-                         counters=counters, seconds=time.perf_counter() - started,
-                         crawled=crawled)
+    if int(arrays["format"][0]) != FORMAT:
+        unused_snapshot(path, "written by another version")
+        return None
+    if bytes(arrays["identity"]).decode(errors="replace") != identity.to_json():
+        unused_snapshot(path, "Redis has changed since it was written")
+        return None
+    try:
+        text = bytes(arrays["urls"]).decode()
+        urls = text.split("\n") if text else []
+        crawled = (crawled_flags(bytes(arrays["crawled"]), counters.ids, "crawled")
+                   if bool(arrays["crawled_known"][0]) else None)
+    except (UnicodeDecodeError, RankstreamError) as exc:
+        unused_snapshot(path, f"unreadable: {exc}")
+        return None
+    if len(urls) != counters.ids or len(set(urls)) != counters.ids:
+        unused_snapshot(path, f"{len(urls)} URLs ({len(set(urls))} distinct) for "
+                              f"{counters.ids} page ids")
+        return None
+    published = {a: arrays[f"published_{a}"] for a in ALGORITHMS}
+    last_ts = dict(zip(arrays["ts_ids"].tolist(), arrays["ts_values"].tolist(), strict=True))
+    stored = StoredState(urls=urls, removed=arrays["removed"], edge_src=arrays["edge_src"],
+                         edge_dst=arrays["edge_dst"], last_ts=last_ts,
+                         offsets=topic_offsets(identity.offsets, topic), counters=counters,
+                         seconds=time.perf_counter() - started, crawled=crawled)
     return stored, published
 
 
-def _unused(path: Path, why: str) -> None:
+def _read_members(path: Path) -> dict[str, np.ndarray] | str:
+    """Every member of the file at ``path`` (or why not), each CRC checked first.
+
+    Opened once, without blocking (a FIFO in its place hung the start), and only a
+    regular file is read. Members must be stored uncompressed, as the writer stores
+    them, so reading one never takes more memory than the file's size (a 1 MB file
+    holding a compressed 1 GiB member took 2 GiB to refuse).
+    """
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        return "not a regular file"
+    with os.fdopen(descriptor, "rb") as stream:
+        with zipfile.ZipFile(stream) as archive:
+            infos = archive.infolist()
+            names = {info.filename.removesuffix(".npy") for info in infos}
+            if len(infos) != len(_MEMBERS) or names != _MEMBERS:
+                return f"its members are not a snapshot's: {sorted(names)[:20]}"
+            if any(info.compress_type != zipfile.ZIP_STORED for info in infos):
+                return "a member is compressed (snapshots never are)"
+            # zipfile checks a member's CRC only when it is read to its end, and
+            # np.load stops where the member's header says: a corrupted shape read
+            # short and was trusted. Every CRC first (100 MB: ~0.1 s, against ~10 s of
+            # Redis reads).
+            bad = archive.testzip()
+        if bad is not None:
+            return f"unreadable: member {bad} fails its CRC"
+        stream.seek(0)
+        with np.load(stream, allow_pickle=False) as data:
+            return {name: data[name] for name in _MEMBERS}
+
+
+def _malformed(arrays: Mapping[str, np.ndarray], counters: GraphCounters) -> str | None:
+    """Why the arrays cannot be the graph the counters describe, or None.
+
+    CRCs only say the file is as written; these checks say it is a graph the mirror
+    can load. A file that passed the CRCs but not these (a writer's bug, a tampered
+    file) crashed every start in LinkGraph, or put a timestamp on the wrong page.
+    Self links, duplicates and links of removed pages are left to the mirror, which
+    finds them as a graph with fewer links than the counters, without a sort here.
+    """
+    ids, links = counters.ids, counters.links
+    shapes = {"format": (1,), "crawled_known": (1,), "urls": None, "identity": None,
+              "crawled": None, "edge_src": (links,), "edge_dst": (links,),
+              "removed": None, "ts_ids": None, "ts_values": arrays["ts_ids"].shape,
+              **{f"published_{a}": (ids,) for a in ALGORITHMS}}
+    for name, shape in shapes.items():
+        value = arrays[name]
+        if value.ndim != 1 or (shape is not None and value.shape != shape):
+            return f"{name} has shape {value.shape}, not {shape or '(n,)'}"
+    for name in (*_ID_ARRAYS, "ts_values", "format"):
+        if not np.issubdtype(arrays[name].dtype, np.integer):
+            return f"{name} holds {arrays[name].dtype}, not integers"
+    for name in _ID_ARRAYS:
+        value = arrays[name]
+        if value.size and (int(value.min()) < 0 or int(value.max()) >= ids):
+            return f"a page id in {name} is out of range 0..{ids - 1}"
+    for name in ("identity", "urls", "crawled"):
+        if arrays[name].dtype != np.uint8:
+            return f"{name} holds {arrays[name].dtype}, not bytes"
+    if arrays["crawled_known"].dtype != np.bool_:
+        return f"crawled_known holds {arrays['crawled_known'].dtype}, not a flag"
+    for algorithm in ALGORITHMS:
+        vector = arrays[f"published_{algorithm}"]
+        if vector.dtype != np.float64:
+            return f"published_{algorithm} holds {vector.dtype}, not float64"
+    return None
+
+
+def unused_snapshot(path: Path | None, why: str) -> None:
+    """Log why the snapshot at ``path`` was not used (Redis was read instead)."""
     log.info("snapshot not used", extra={"fields": {"path": str(path), "reason": why}})
 
 

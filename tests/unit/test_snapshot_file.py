@@ -54,17 +54,24 @@ def test_a_file_with_odd_arrays_is_not_used_and_old_temporaries_go(tmp_path):
     import os
     import time
 
-    path = tmp_path / "s.npz"
+    path = tmp_path / f"{'a' * 24}.npz"  # named as snapshot_path names them
     np.savez(path, format=np.array([], dtype=np.int64))  # an empty format array
     assert read_snapshot(path, _identity(), "t") is None  # not an IndexError at start
-    left = tmp_path / "s.npz.4242.tmp"  # a writer killed mid-write
+    left = tmp_path / f"{'a' * 24}.npz.4242.tmp"  # a writer killed mid-write
     left.write_bytes(b"x" * 10)
-    recent = tmp_path / "t.npz.4243.tmp"  # one being written now
+    recent = tmp_path / f"{'b' * 24}.npz.4243.tmp"  # one being written now
     recent.write_bytes(b"x")
-    hour_ago = time.time() - 3700
+    theirs = tmp_path / "embeddings.npz"  # a user's own file in a shared directory
+    theirs.write_bytes(b"x")
+    old_snapshot = tmp_path / f"{'c' * 24}.npz"
+    old_snapshot.write_bytes(b"x")
+    hour_ago, weeks_ago = time.time() - 3700, time.time() - 30 * 86400
     os.utime(left, (hour_ago, hour_ago))
+    os.utime(theirs, (weeks_ago, weeks_ago))
+    os.utime(old_snapshot, (weeks_ago, weeks_ago))
     write_snapshot(path, _identity(), _state(), {"pagerank": np.ones(3), "wpr": np.ones(3)})
     assert not left.exists() and recent.exists()
+    assert theirs.exists() and not old_snapshot.exists()
 
 
 def test_one_file_per_redis_prefix_and_topic_and_none_when_disabled(tmp_path):
@@ -127,3 +134,77 @@ def test_a_shape_shrunk_in_a_large_members_header_is_caught_by_its_crc(tmp_path)
     raw[at:at + 18] = b"'shape': (100000,)"
     path.write_bytes(bytes(raw))
     assert read_snapshot(path, identity, "t") is None
+
+
+# --- files that pass their CRCs but are not a graph (session 27's review) ------------
+
+
+def _rewritten(tmp_path, **changes):
+    """A snapshot whose members are the written ones with ``changes`` (None drops one),
+    saved again by numpy, so that every CRC holds."""
+    import zipfile
+
+    path = tmp_path / "s.npz"
+    write_snapshot(path, _identity(), _state(), {"pagerank": np.ones(3), "wpr": np.ones(3)})
+    with np.load(path) as data:
+        members = {name: data[name] for name in data.files}
+    for name, value in changes.items():
+        if value is None:
+            members.pop(name)
+        else:
+            members[name] = value
+    compress = members.pop("_compressed", None) is not None
+    (np.savez_compressed if compress else np.savez)(path, **members)
+    assert zipfile.ZipFile(path).testzip() is None
+    return path
+
+
+def test_a_snapshot_that_is_not_the_graph_its_counters_describe_is_not_used(tmp_path):
+    cases = {
+        "an edge id out of range": {"edge_src": np.array([0, 3], dtype=np.int32)},
+        "a negative edge id": {"edge_dst": np.array([1, -1], dtype=np.int32)},
+        "edge ids as floats": {"edge_src": np.array([0.0, 1.0])},
+        "a negative timestamp id (landed on another page)": {
+            "ts_ids": np.array([0, -1], dtype=np.int64)},
+        "a timestamp id out of range": {"ts_ids": np.array([0, 3], dtype=np.int64)},
+        "a removed id as a float": {"removed": np.array([2.0])},
+        "published scores as strings": {"published_wpr": np.array(["1", "2", "3"])},
+        "published scores of another shape": {"published_wpr": np.ones((3, 1))},
+        "a duplicate URL": {"urls": np.frombuffer(b"https://a.example/\nhttps://a.example/"
+                                                  b"\nfile:///c", dtype=np.uint8)},
+        # A flipped comment length hid the last members: the file loaded without them.
+        "a published vector missing": {"published_wpr": None},
+        "an extra member": {"published_foo": np.ones(3)},
+        # A small file could hold a member that inflates to gigabytes.
+        "compressed members": {"_compressed": np.ones(1)},
+    }
+    for case, changes in cases.items():
+        path = _rewritten(tmp_path, **changes)
+        assert read_snapshot(path, _identity(), "t") is None, case
+
+
+def test_a_snapshot_graph_with_fewer_links_than_its_counters_is_not_used(tmp_path):
+    """Duplicates, self links and links of removed pages pass every check of the file
+    itself; the mirror finds them as fewer links than the counters say."""
+    from consumer.mirror import _snapshot_graph
+
+    assert _snapshot_graph(_state(), None) is not None
+    for src, dst in (([0, 0], [1, 1]), ([0, 1], [0, 0]), ([0, 2], [1, 0])):
+        state = _state()
+        state = StoredState(**{**state.__dict__, "edge_src": np.array(src, dtype=np.int32),
+                               "edge_dst": np.array(dst, dtype=np.int32)})
+        assert _snapshot_graph(state, None) is None, (src, dst)
+
+
+def test_what_is_not_a_regular_file_is_not_read_nor_waited_for(tmp_path):
+    """A FIFO in the snapshot's place hung the start (zipfile opened it and waited
+    for a writer); a symlink loop was taken for no snapshot without a word."""
+    import os
+
+    fifo = tmp_path / "fifo.npz"
+    os.mkfifo(fifo)
+    assert read_snapshot(fifo, _identity(), "t") is None
+    loop = tmp_path / "loop.npz"
+    loop.symlink_to(loop)
+    assert read_snapshot(loop, _identity(), "t") is None
+    assert read_snapshot(tmp_path, _identity(), "t") is None  # a directory
