@@ -20,9 +20,13 @@ Command = tuple[Any, ...]
 
 
 def is_fresh(report_fresh: bool, bound: float, tolerance: float, total: float) -> bool:
-    """The published ``fresh`` flag: never 1 with a bound above the (relative) tolerance."""
+    """The published ``fresh`` flag: never 1 with a bound above the (relative) tolerance.
+
+    Judged on the published ``relative_bound`` itself, so that a reader comparing it
+    with ``tolerance`` always agrees (``bound <= tolerance * total`` said 1 beside a
+    relative bound one unit in the last place above the tolerance)."""
     return (bool(report_fresh) and math.isfinite(bound) and math.isfinite(total)
-            and bound <= tolerance * total)
+            and bound <= tolerance * total and relative_bound(bound, total) <= tolerance)
 
 
 def relative_bound(bound: float, total: float) -> float:

@@ -190,15 +190,17 @@ def read_snapshot(path: Path, identity: Identity, topic: str
     if isinstance(arrays, str):
         unused_snapshot(path, arrays)
         return None
-    why = _malformed(arrays, counters)
-    if why is not None:
-        unused_snapshot(path, why)
-        return None
-    if int(arrays["format"][0]) != FORMAT:
+    version = arrays["format"]
+    if (version.shape != (1,) or not np.issubdtype(version.dtype, np.integer)
+            or int(version[0]) != FORMAT):
         unused_snapshot(path, "written by another version")
         return None
     if bytes(arrays["identity"]).decode(errors="replace") != identity.to_json():
         unused_snapshot(path, "Redis has changed since it was written")
+        return None
+    why = _malformed(arrays, counters)  # against the counters the identity holds
+    if why is not None:
+        unused_snapshot(path, why)
         return None
     try:
         text = bytes(arrays["urls"]).decode()

@@ -52,6 +52,10 @@ def test_holder_round_trips_and_tolerates_garbage():
 def test_fresh_is_never_published_above_the_relative_tolerance():
     assert is_fresh(True, 1e-4, 1e-6, total=1000.0)
     assert not is_fresh(True, 2e-3, 1e-6, total=1000.0)
+    # At the edge, as readers see it: relative_bound one ulp over the tolerance.
+    total = 134365.10974815712
+    assert 3e-05 * total / total > 3e-05
+    assert not is_fresh(True, 3e-05 * total, 3e-05, total=total)
     assert not is_fresh(False, 0.0, 1e-6, total=1000.0)
     assert not is_fresh(True, float("nan"), 1e-6, total=1000.0)
 
