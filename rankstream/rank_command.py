@@ -51,8 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--damping", type=float, default=None, help="default: settings")
     parser.add_argument(
         "--tolerance", type=float, default=None,
-        help="certified relative error bound to reach (default: the tightest certifiable, "
-        "1e-12 up to damping 0.85; HITS: 1e-12)",
+        help="PageRank/WPR: certified relative error bound to reach (default: the tightest "
+        "certifiable, 1e-12 up to damping 0.85); HITS: the estimated L1 distance to the "
+        "iteration's limit, or the fallback's relative residual (default 1e-12)",
     )
     parser.add_argument("--scale", default="paper", help="paper | probability (PageRank)")
     parser.add_argument("--top", type=int, default=None, help="print only the first K rows")

@@ -281,3 +281,46 @@ def test_a_fallback_that_would_run_long_stops_at_its_cap_and_says_so() -> None:
     matrix = sp.csr_array((np.sqrt(values), (rows, cols)), shape=(2 * pairs, 2 * pairs))
     with pytest.raises(ConvergenceError, match=r"reached its cap of \d+ steps on 6000 pages"):
         hits(matrix, tol=1e-8, max_iter=10_000)
+
+
+# --- accepted too early (session 27's review) ---------------------------------------
+
+
+def _star_beside_a_heavier_link(gap: float) -> sp.csr_array:
+    """An in-star of 100 (lambda 100) beside one link whose weight gives lambda
+    100 * (1 + gap): the start A^T 1 is almost all on the star."""
+    rows = [*range(1, 101), 102]
+    cols = [0] * 100 + [101]
+    weights = [1.0] * 100 + [float(np.sqrt(100 * (1 + gap)))]
+    return sp.csr_array((weights, (rows, cols)), shape=(103, 103))
+
+
+def test_a_small_change_is_not_taken_for_the_limit_when_a_mode_is_still_growing() -> None:
+    """Its L1 change at step 2 was 7.6e-9 < tol, and the answer was the star's
+    eigenvector: 12.7 (L1) from the limit, the link's."""
+    matrix = _star_beside_a_heavier_link(2.5e-8)
+    result = hits(matrix, tol=1e-8)
+    limit = _top_projection(matrix, matrix.T @ np.ones(103))
+    np.testing.assert_allclose(result.authorities, limit, atol=1e-8)
+    assert result.authorities[101] > 0.999 and result.authorities[0] < 1e-6
+
+
+def test_lanczos_does_not_stop_on_a_ritz_pair_below_the_top() -> None:
+    """A 1000-leaf in-star beside a 2 x 501 biclique (lambda 1002): at tol 1e-3 the
+    fallback accepted its start, nearly orthogonal to the limit, after one step."""
+    edges = [(1 + i, 0) for i in range(1000)]
+    edges += [(1001 + i, 1003 + j) for i in range(2) for j in range(501)]
+    matrix = adjacency_matrix(1504, edges)
+    limit = _top_projection(matrix, matrix.T @ np.ones(1504))
+    for tol in (1e-3, 1e-4):
+        result = hits(matrix, tol=tol)
+        np.testing.assert_allclose(result.authorities, limit, atol=1e-6)
+        assert result.authorities[0] < 1e-6
+
+
+def test_a_small_graph_the_dense_fallback_cannot_afford_gets_lanczos() -> None:
+    """63 pages were refused after 10 power steps ("the Lanczos fallback ran out of
+    iterations", which never ran) while the same graph on 65 pages took 15."""
+    edges = [(1 + i, 0) for i in range(30)] + [(32 + i, 31) for i in range(31)]
+    result = hits(adjacency_matrix(63, edges), max_iter=60)
+    assert result.iterations <= 60 and result.authorities[31] > 0.999
