@@ -37,12 +37,11 @@ import numpy as np
 # ~1e-13 of sum(y) the residual of a converged vector is that noise, and a bound
 # derived from a plain sum's was not a bound (on the
 # Python docs graph, a refresh to 1e-16 claimed an L1 error 100x smaller than the true
-# one, measured in long double). The static solvers recompute r each sweep and stop at
-# their absolute tol; at d = 0.85 their bound held even at 7e-16 of sum(y), but at
-# d >= 0.99 and tol within a few EPS * sum(y) / (1 - d) it understated the true error
-# 3-5x (a session-24 review, in long double). An allowance of EPS/2 per unit of y
-# fixed that, and made the default tol of 1e-10 unreachable above ~140k pages at
-# d = 0.85, so it was not kept: stay above that there.
+# one, measured in long double). The static solvers stop on a plain mat-vec's
+# residual, which understated the true error 3-5x at d >= 0.99 (session 24) and up to
+# 218x beside a hub of 1,646 in-links (session 27); they now certify the returned
+# vector with a compensated residual and its rounding (ranker._csr_residual), refuse a
+# tol below what that can certify, and default to static_tolerance on large graphs.
 MIN_TOLERANCE = 1e-12
 # float64's unit of rounding.
 EPS = float(np.finfo(np.float64).eps)
@@ -59,6 +58,14 @@ def tolerance_floor(damping: float) -> float:
     whose true relative error (long double) was 1.1e-12.
     """
     return MIN_TOLERANCE * max(1.0, (1.0 - _FLOOR_DAMPING) / (1.0 - damping))
+
+
+def static_tolerance(num_pages: int, damping: float) -> float:
+    """The tightest absolute ``tol`` the static solvers certify with room to spare on
+    ``num_pages`` live pages: a tenth of :func:`tolerance_floor` per page (``sum(y)``
+    is at most the page count). Their residual's rounding alone bounds the error by
+    about ``3e-15 * sum(y) / (1 - d)`` (:mod:`ranker._csr_residual`), 5x below it."""
+    return 0.1 * tolerance_floor(damping) * max(num_pages, 1)
 
 
 # The share of each target the push threshold leaves for rounding drift; a refresh

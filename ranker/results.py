@@ -23,8 +23,10 @@ class RankResult:
             asked for ``scale="probability"``), float64, indexed by page id; dead
             ids are 0.
         iterations: mat-vec sweeps performed (each sweep also yields the residual).
-        residual_l1: ``||r||_1`` of the returned paper-scale vector, where
-            ``r = b + d*M*y - y``; computed for exactly the vector returned.
+        residual_l1: a certified upper bound on ``||r||_1`` of the returned
+            paper-scale vector, where ``r = b + d*M*y - y``: computed for exactly the
+            vector returned, with compensated sums, plus the bound on their rounding
+            (:mod:`ranker._csr_residual`); never 0 for a non-empty graph.
         bound: certified ``||y_exact - y||_1 <= residual_l1 / (1 - d)`` on the paper
             scale; on the probability scale the certified bound of
             ``||x_exact - x||_1`` (see :func:`ranker.pagerank.pagerank`).

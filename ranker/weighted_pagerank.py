@@ -18,12 +18,14 @@ import numpy as np
 import scipy.sparse as sp
 
 from ranker.pagerank import (
+    DEFAULT_TOL,
     check_alive,
     check_damping,
     check_iteration_args,
     check_start,
     damped_transpose,
     link_structure,
+    resolved_tol,
     solve_fixed_point,
     teleport_base,
     validate_adjacency,
@@ -82,7 +84,7 @@ def weighted_pagerank(
     A: object,
     *,
     damping: float = 0.85,
-    tol: float = 1e-10,
+    tol: float | None = None,
     max_iter: int = 1000,
     start: object = None,
     alive: object = None,
@@ -92,7 +94,8 @@ def weighted_pagerank(
     Args:
         A: square scipy sparse matrix/array, a stored non-zero ``A[m, n]`` is ``m -> n``.
         damping: ``d`` in (0, 1).
-        tol: certified L1 bound ``||y_exact - y||_1`` to reach (absolute, paper scale).
+        tol: certified L1 bound ``||y_exact - y||_1`` to reach (absolute, paper scale);
+            default as :func:`ranker.pagerank.pagerank`'s.
         max_iter: sweep cap; :class:`ConvergenceError` after it or on a stall.
         start: warm start (previous ``y``), length n; default 1 on live pages.
         alive: optional bool mask; dead ids lose every link (so in- and out-degrees
@@ -104,15 +107,16 @@ def weighted_pagerank(
     matrix = validate_adjacency(A)
     n = matrix.shape[0]
     d = check_damping(damping)
-    check_iteration_args(tol, max_iter)
+    check_iteration_args(DEFAULT_TOL if tol is None else tol, max_iter)
     live = check_alive(alive, n)
+    target = resolved_tol(tol, d, live, n)
     base = teleport_base(None, n, d, live)
     warm = check_start(start, n, live)
     if n == 0:
         return RankResult(np.zeros(0), 0, 0.0, 0.0, 0.0)
     damped = damped_transpose(wpr_weights(link_structure(matrix, live)), d)
     y, residual, sweeps = solve_fixed_point(
-        damped, base, damping=d, tol=tol, max_iter=max_iter, start=warm,
+        damped, base, damping=d, tol=target, max_iter=max_iter, start=warm,
         algorithm="weighted_pagerank",
     )
     return RankResult(y, sweeps, residual, residual / (1.0 - d), float(y.sum()))

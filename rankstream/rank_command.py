@@ -28,10 +28,6 @@ if TYPE_CHECKING:
 
 ALGORITHMS = ("pagerank", "wpr", "hits")
 # The cold check's L1 bound per live page at d <= 0.85, a tenth of the tolerance floor.
-# An absolute bound must grow with the graph: rounding alone leaves about 1e-16 per
-# page on the paper scale, where sum(y) ~ pages; and with 1 / (1 - d) above 0.85, as
-# the floor does (at d = 0.9999 a fixed 1e-13 stalled the cold solve: a review).
-VERIFY_TOLERANCE_PER_PAGE = 1e-13
 # Both certificates are L1 bounds computed in float64: slack for the rounding of the
 # residual sums themselves, relative to sum(y).
 VERIFY_ROUNDING = 64 * float(np.finfo(np.float64).eps)
@@ -96,7 +92,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     # Imported here so `rankstream --help` stays fast and numba compiles only when used.
     from producer.schema import Limits
     from ranker import LinkGraph, LiveRanks, hits, pagerank, weighted_pagerank
-    from ranker.bounds import MIN_TOLERANCE, tolerance_floor
+    from ranker.bounds import MIN_TOLERANCE, static_tolerance, tolerance_floor
 
     _check(args)
     limits = Limits.from_settings(settings)
@@ -158,8 +154,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         exact = solve(
             graph.to_csr(),
             damping=damping,
-            tol=(VERIFY_TOLERANCE_PER_PAGE * max(int(alive.sum()), 10)
-                 * tolerance_floor(damping) / tolerance_floor(0.0)),
+            # Absolute, so it grows with the graph and with 1 / (1 - d) above 0.85
+            # (at d = 0.9999 a fixed 1e-13 stalled the cold solve: a review).
+            tol=static_tolerance(max(int(alive.sum()), 10), damping),
             max_iter=max(settings.max_iter, 10_000),
             alive=alive,
         )

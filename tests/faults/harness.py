@@ -33,6 +33,7 @@ from consumer.redis_store import load_stored
 from producer.client import LinkPublisher
 from producer.schema import Limits, decode_event, event_key
 from producer.synthetic import synthetic_event_dicts
+from ranker.bounds import static_tolerance
 from ranker.linkgraph import LinkGraph
 from ranker.pagerank import pagerank
 from ranker.weighted_pagerank import weighted_pagerank
@@ -266,10 +267,11 @@ def stored_graph(client: redis_py.Redis, settings: Settings
 
 
 def exact_scores(graph: LinkGraph, algorithm: str, damping: float) -> dict[str, float]:
-    """A cold recompute to 1e-12 (paper scale) over the live pages."""
+    """A cold recompute (paper scale) over the live pages, as exact as a static solve
+    certifies (ranker.bounds.static_tolerance)."""
     solve = pagerank if algorithm == "pagerank" else weighted_pagerank
-    result = solve(graph.to_csr(), damping=damping, tol=1e-12, max_iter=10_000,
-                   alive=graph.live_mask())
+    result = solve(graph.to_csr(), damping=damping, max_iter=10_000,
+                   tol=static_tolerance(graph.num_ids, damping), alive=graph.live_mask())
     return {graph.key_of(p): float(result.scores[p])
             for p in range(graph.num_ids) if graph.is_live(p)}
 

@@ -21,6 +21,7 @@ from consumer.service import ConsumerService
 from producer.client import LinkPublisher
 from producer.schema import Limits, decode_event
 from producer.synthetic import synthetic_event_dicts
+from ranker.bounds import static_tolerance
 from ranker.linkgraph import LinkGraph
 from ranker.pagerank import pagerank
 from ranker.weighted_pagerank import weighted_pagerank
@@ -90,8 +91,8 @@ def graph_as_urls(graph: LinkGraph) -> tuple[set[tuple[str, str]], set[str]]:
 
 def exact_scores(graph: LinkGraph, algorithm: str, damping: float) -> dict[str, float]:
     solve = pagerank if algorithm == "pagerank" else weighted_pagerank
-    result = solve(graph.to_csr(), damping=damping, tol=1e-12, max_iter=10_000,
-                   alive=graph.live_mask())
+    result = solve(graph.to_csr(), damping=damping, max_iter=10_000,
+                   tol=static_tolerance(graph.num_ids, damping), alive=graph.live_mask())
     return {graph.key_of(p): float(result.scores[p])
             for p in range(graph.num_ids) if graph.is_live(p)}
 

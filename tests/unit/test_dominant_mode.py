@@ -7,6 +7,7 @@ import pytest
 
 from ranker import _kernels as K
 from ranker import dominant_mode
+from ranker.bounds import static_tolerance
 from ranker.dominant_mode import Deflation
 from ranker.edge_batches import EdgeBatch
 from ranker.incremental import LiveRanks
@@ -18,7 +19,8 @@ from ranker.synthetic import copying_model_graph, random_edit_batch
 
 def exact(ranks: LiveRanks) -> np.ndarray:
     graph = ranks.graph
-    return pagerank(graph.to_csr(), damping=ranks.damping, tol=1e-11, max_iter=5000,
+    return pagerank(graph.to_csr(), damping=ranks.damping, max_iter=5000,
+                    tol=static_tolerance(graph.num_ids, ranks.damping),
                     alive=graph.live_mask()).scores
 
 

@@ -15,7 +15,7 @@ from ranker import _split_sweep as SS
 from ranker import _thread_guard as TG
 from ranker import refresh, residual
 from ranker._thread_guard import ThreadGuard
-from ranker.bounds import tolerance_floor
+from ranker.bounds import static_tolerance, tolerance_floor
 from ranker.dominant_mode import NO_MODE
 from ranker.edge_batches import EdgeBatch
 from ranker.incremental import LiveRanks
@@ -30,7 +30,8 @@ SOLVERS = {"pagerank": pagerank, "wpr": weighted_pagerank}
 
 def exact(ranks: LiveRanks, algorithm: str) -> np.ndarray:
     graph = ranks.graph
-    return SOLVERS[algorithm](graph.to_csr(), damping=ranks.damping, tol=1e-11, max_iter=5000,
+    return SOLVERS[algorithm](graph.to_csr(), damping=ranks.damping, max_iter=5000,
+                              tol=static_tolerance(graph.num_ids, ranks.damping),
                               alive=graph.live_mask()).scores
 
 
