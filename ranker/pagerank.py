@@ -125,7 +125,7 @@ def check_damping(damping: float) -> float:
     """Return ``damping`` as float; raise :class:`InputError` unless 0 < d < 1."""
     try:
         value = float(damping)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:  # 10**400: an OverflowError
         raise InputError(f"damping must be a number, got {damping!r}") from exc
     if not 0.0 < value < 1.0:
         raise InputError(f"damping must lie strictly between 0 and 1, got {damping!r}")
@@ -136,6 +136,14 @@ def is_real(value: object) -> TypeGuard[int | float | np.integer | np.floating]:
     """A real number (not a bool, a string or None): what a comparison may be asked of."""
     return isinstance(value, int | float | np.integer | np.floating) and not isinstance(
         value, bool)
+
+
+def _finite(value: int | float | np.integer | np.floating) -> bool:
+    """``math.isfinite`` that says False for an int too large for a float (10**400)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def check_max_iter(max_iter: int) -> None:
@@ -160,7 +168,7 @@ def resolved_tol(tol: float | None, damping: float, alive: np.ndarray | None, n:
 
 def check_iteration_args(tol: float, max_iter: int) -> None:
     """Raise :class:`InputError` for a non-positive tolerance or iteration cap."""
-    if not (is_real(tol) and math.isfinite(tol) and tol > 0.0):
+    if not (is_real(tol) and _finite(tol) and tol > 0.0):
         raise InputError(f"tol must be a positive finite number, got {tol!r}")
     check_max_iter(max_iter)
 
@@ -169,7 +177,7 @@ def float_vector(value: object, num_nodes: int, name: str) -> np.ndarray:
     """A private finite float64 copy of ``value`` of shape ``(num_nodes,)``."""
     try:
         vector = np.array(value, dtype=np.float64, copy=True)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise InputError(f"{name} must be a vector of numbers: {exc}", where=name) from exc
     if vector.shape != (num_nodes,):
         raise InputError(f"{name} must have shape ({num_nodes},), got {vector.shape}", where=name)

@@ -222,6 +222,11 @@ def test_residual_that_stops_shrinking_fails_before_max_iter() -> None:
         (sp.csr_array((2, 2)), {"damping": 1.5}, "damping"),
         (sp.csr_array((2, 2)), {"tol": 0.0}, "tol"),
         (sp.csr_array((2, 2)), {"tol": "1e-3"}, "tol"),
+        # Ints too large for a float: an OverflowError escaped (session 27's review).
+        (sp.csr_array((2, 2)), {"tol": 10**400}, "tol"),
+        (sp.csr_array((2, 2)), {"damping": 10**400}, "damping must be a number"),
+        (sp.csr_array((2, 2)), {"teleport": [10**400, 1]}, "teleport must be a vector"),
+        (sp.csr_array((2, 2)), {"start": [10**400, 1]}, "start must be a vector"),
         (sp.csr_array((2, 2)), {"damping": "x"}, "damping must be a number"),
         (sp.csr_array((2, 2)), {"damping": None}, "damping must be a number"),
         (sp.csr_array((2, 2)), {"max_iter": 0}, "max_iter"),
