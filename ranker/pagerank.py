@@ -355,7 +355,8 @@ def pagerank(
             rounding noise stalls the residual above ``tol``).
         scale: ``"paper"`` returns ``y``; ``"probability"`` returns ``x = y / sum(y)``,
             which equals networkx's pagerank with ``personalization=t`` and
-            ``dangling=t`` (uniform ``t`` by default).
+            ``dangling=t`` (uniform ``t`` by default) on a graph without self links
+            (networkx counts them; algorithms.md drops them).
         teleport: optional non-negative weights ``t`` (any positive sum) over page
             ids; ``b = (1-d) * n_live * t / sum(t)``. Default uniform, ``b = 1-d``.
         start: warm start on the PAPER scale (e.g. the previous ``y``), length n.
