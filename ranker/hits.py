@@ -149,11 +149,10 @@ def hits(
                          shape=links.shape)
     links_t = sp.csr_array(links.T.tocsr())
 
-    hubs, authorities, steps, error, rate = _power_iteration(
+    hubs, authorities, steps, error, distance = _power_iteration(
         links, links_t, tol, min(max_iter, _POWER_STEPS), normalize
     )
-    if error == 0.0 or (rate < 1.0 and error * rate / (1.0 - rate) < tol):
-        distance = error * rate / (1.0 - rate) if error else 0.0
+    if distance < tol:
         return HitsResult(hubs, authorities, steps, error, max(distance, error))
     failure = f"hits did not reach tol={tol:g} in {max_iter} iterations"
     if steps >= max_iter:
@@ -193,10 +192,10 @@ def _power_iteration(
 ) -> tuple[np.ndarray, np.ndarray, int, float, float]:
     """Kleinberg's iteration from all ones for at most ``limit`` steps.
 
-    Returns ``(hubs, authorities, steps, last L1 change, its ratio to the one
-    before)``; it stops early when the estimated distance to the limit is below
-    ``tol`` or when the change's contraction rate says that ``limit`` steps will not
-    get it there.
+    Returns ``(hubs, authorities, steps, last L1 change, estimated distance to the
+    limit)``, the distance infinite unless it was accepted (below ``tol``); it stops
+    early when it is, or when the change's contraction rate says that ``limit``
+    steps will not get it there.
     """
     n = links.shape[0]
     hubs = np.ones(n)
@@ -220,14 +219,16 @@ def _power_iteration(
         # below tol. The change alone was not enough: two eigenvalues 2.5e-8 apart,
         # the start almost all on the lower one, changed by 7.6e-9 at step 2 and the
         # answer was the lower one's eigenvector, 12.7 (L1) from the limit.
-        if error == 0.0 or (step >= 3 and rate < 1.0 and error * rate / (1.0 - rate) < tol):
-            return hubs, authorities, step, error, rate
+        distance = 0.0 if error == 0.0 else (
+            error * rate / (1.0 - rate) if step >= 3 and rate < 1.0 else math.inf)
+        if distance < tol:
+            return hubs, authorities, step, error, distance
         # The change shrinks by ~lambda_2/lambda_1 per step: with a rate r it needs
         # log(tol/error)/log(r) more steps. Only a confident "too many" switches early.
         if step >= _WARMUP and rate < 1.0:
             steps_needed = math.log(tol / error) / math.log(rate)
             if steps_needed > limit - step:
-                return hubs, authorities, step, error, rate
+                return hubs, authorities, step, error, math.inf
         previous = error
     return hubs, authorities, limit, error, math.inf
 
