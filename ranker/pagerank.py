@@ -251,21 +251,22 @@ def solve_fixed_point(
             best_residual, best_sweep = residual, sweep
         elif sweep - best_sweep >= STALL_SWEEPS:
             bound = best_residual / (1.0 - damping)
-            raise ConvergenceError(
-                f"{algorithm} stalled at certified L1 bound {bound:.3g} > tol={tol:g} after "
-                f"{sweep} sweeps (floating-point floor; loosen tol)",
-                iterations=sweep,
-                error=bound,
-            )
+            raise _stalled(algorithm, bound, tol, sweep)
         image += base
         y = image
-    bound = best_residual / (1.0 - damping)
-    raise ConvergenceError(
+    raise _not_reached(algorithm, best_residual / (1.0 - damping), tol, max_iter)
+
+
+def _stalled(algorithm: str, bound: float, tol: float, sweep: int) -> ConvergenceError:
+    return ConvergenceError(
+        f"{algorithm} stalled at certified L1 bound {bound:.3g} > tol={tol:g} after "
+        f"{sweep} sweeps (floating-point floor; loosen tol)", iterations=sweep, error=bound)
+
+
+def _not_reached(algorithm: str, bound: float, tol: float, max_iter: int) -> ConvergenceError:
+    return ConvergenceError(
         f"{algorithm} did not reach tol={tol:g} in {max_iter} sweeps "
-        f"(certified L1 bound {bound:.3g})",
-        iterations=max_iter,
-        error=bound,
-    )
+        f"(certified L1 bound {bound:.3g})", iterations=max_iter, error=bound)
 
 
 def _certified(damped: sp.csr_array, base: np.ndarray, y: np.ndarray, *, damping: float,
@@ -294,15 +295,9 @@ def _certified(damped: sp.csr_array, base: np.ndarray, y: np.ndarray, *, damping
             best, best_sweep = l1, sweep
         elif sweep - best_sweep >= STALL_SWEEPS:
             bound = (best + rounding) / (1.0 - damping)
-            raise ConvergenceError(
-                f"{algorithm} stalled at certified L1 bound {bound:.3g} > tol={tol:g} after "
-                f"{sweep} sweeps (floating-point floor; loosen tol)",
-                iterations=sweep, error=bound)
+            raise _stalled(algorithm, bound, tol, sweep)
         if sweep >= max_iter:
-            raise ConvergenceError(
-                f"{algorithm} did not reach tol={tol:g} in {max_iter} sweeps "
-                f"(certified L1 bound {(l1 + rounding) / (1.0 - damping):.3g})",
-                iterations=max_iter, error=(l1 + rounding) / (1.0 - damping))
+            raise _not_reached(algorithm, (l1 + rounding) / (1.0 - damping), tol, max_iter)
         y = y + r
         sweep += 1
 
