@@ -21,15 +21,13 @@ from consumer.service import ConsumerService
 from producer.client import LinkPublisher
 from producer.schema import Limits, decode_event
 from producer.synthetic import synthetic_event_dicts
-from ranker.bounds import static_tolerance
 from ranker.linkgraph import LinkGraph
-from ranker.pagerank import pagerank
-from ranker.weighted_pagerank import weighted_pagerank
 from rankstream.graph_updates import EventApplier
 from rankstream.services.kafka import delete_topics, ensure_topics
 from rankstream.services.stack import ensure_settings_topics, kafka_client_options, topic_specs
 from rankstream.services.testing import Isolated
 from rankstream.settings import Settings
+from tests.faults.harness import exact_scores
 
 # -- helpers ---------------------------------------------------------------------------
 
@@ -87,14 +85,6 @@ def graph_as_urls(graph: LinkGraph) -> tuple[set[tuple[str, str]], set[str]]:
     edges = {(graph.key_of(s), graph.key_of(d))
              for s, d in zip(src.tolist(), dst.tolist(), strict=True)}
     return edges, {graph.key_of(p) for p in range(graph.num_ids) if graph.is_live(p)}
-
-
-def exact_scores(graph: LinkGraph, algorithm: str, damping: float) -> dict[str, float]:
-    solve = pagerank if algorithm == "pagerank" else weighted_pagerank
-    result = solve(graph.to_csr(), damping=damping, max_iter=10_000,
-                   tol=static_tolerance(graph.num_ids, damping), alive=graph.live_mask())
-    return {graph.key_of(p): float(result.scores[p])
-            for p in range(graph.num_ids) if graph.is_live(p)}
 
 
 def published(client: redis_py.Redis, prefix: str, algorithm: str) -> dict[str, float]:
