@@ -16,6 +16,7 @@ are extra.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import cast
 
@@ -148,6 +149,12 @@ class LinkGraph:
             bad = next(key for key in keys if type(key) is not str)
             raise InputError(f"page keys must be strings, got {type(bad).__name__}") from exc
         if None in found:  # new keys, in first-seen order (a repeated one gets one id)
+            # Every new key checked before any is interned: a bad key must not leave
+            # the good ones before it interned, live and queued for the next apply.
+            wrong = [type(key).__name__ for key, page in zip(keys, found, strict=True)
+                     if page is None and type(key) is not str]
+            if wrong:
+                raise InputError(f"page keys must be strings, got {wrong[0]}")
             for i, page in enumerate(found):
                 if page is None:
                     found[i] = self.intern(keys[i])
@@ -184,9 +191,13 @@ class LinkGraph:
     def _page(self, page_id: int) -> int:
         # Not numpy's indexing: -1 would read the last page, and an id past num_ids
         # spare capacity or an IndexError.
-        if not 0 <= page_id < self.num_ids:
+        try:  # an integer, numpy's included; 0.9 or True must not read page 0 or 1
+            page = operator.index(page_id)
+        except TypeError as exc:
+            raise InputError(f"page ids are integers, got {type(page_id).__name__}") from exc
+        if type(page_id) is bool or not 0 <= page < self.num_ids:
             raise InputError(f"no page id {page_id!r} (ids are 0..{self.num_ids - 1})")
-        return int(page_id)
+        return page
 
     def checked_ids(self, values: object, name: str, *, where: str | None = None
                     ) -> np.ndarray:
@@ -468,6 +479,8 @@ class LinkGraph:
             raise InputError(f"edge ids must lie in 0..{n - 1}", where="from_id_edges")
         pairs = sorted_unique(pair_keys(src, dst)[src != dst])
         src, dst = split_pair_keys(pairs)
+        if not all(type(key) is str for key in keys):  # as intern: 1 and True are one key
+            raise InputError("page keys must be strings", where="from_id_edges")
         graph = cls()
         graph._keys = list(keys)
         graph._index = {k: i for i, k in enumerate(graph._keys)}

@@ -293,6 +293,29 @@ def test_bad_batches_are_input_errors() -> None:
             graph.intern(key)  # type: ignore[arg-type]
     with pytest.raises(InputError, match="strings"):
         LinkGraph.from_edges([1, "1"], ["x", "y"])  # type: ignore[list-item]
+    with pytest.raises(InputError, match="strings"):
+        LinkGraph.from_id_edges([0], [1], [1, 2])  # type: ignore[list-item]
+
+
+def test_a_refused_intern_list_interns_none_of_its_keys() -> None:
+    """The good keys before a bad one used to stay interned, live and queued."""
+    graph = LinkGraph.from_edges(["a"], ["b"])
+    graph.apply(EdgeBatch())
+    with pytest.raises(InputError, match="strings"):
+        graph.intern_list(["a", "new", 3])  # type: ignore[list-item]
+    with pytest.raises(InputError, match="NoneType"):
+        graph.intern_list(["new", None])  # type: ignore[list-item]
+    assert graph.num_ids == 2 and graph.id_of("new") is None
+    assert graph.pending_live().size == 0
+
+
+@pytest.mark.parametrize("page", [0.9, 1.99, True, "1", None])
+def test_page_ids_that_are_not_integers_are_input_errors_not_truncated(page: object) -> None:
+    graph = LinkGraph.from_edges(["a"], ["b"])
+    for query in (graph.out_links, graph.in_links, graph.out_degree, graph.key_of):
+        with pytest.raises(InputError):
+            query(page)  # type: ignore[arg-type]
+    assert graph.key_of(np.int64(1)) == "b"
 
 
 @pytest.mark.parametrize("page", [-1, 2, 10**7])
