@@ -24,13 +24,15 @@ are committed to Redis, so a crash can only re-send a dead letter (at-least-once
 on the DLQ), never lose one. Readers can de-duplicate on partition+offset. A retry
 after a partial failure sends only the letters not yet confirmed: re-sending the
 whole batch added a copy of every good letter per retry while one DLQ partition
-was down.
+was down. A letter still queued when the flush timed out (its partition has no
+leader) is waited for again by the retry, not queued a second time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +90,9 @@ class DeadLetterSender:
         self.max_value_bytes = max_request - HEADER_ALLOWANCE
         # (partition, offset) of letters confirmed while a send is being retried.
         self._delivered: set[tuple[int, int]] = set()
+        # Futures of letters (False) or stubs (True) by (partition, offset) that an
+        # attempt left queued in the producer when its flush timed out.
+        self._in_flight: dict[tuple[bool, int, int], Any] = {}
         with kafka_errors("connecting the dead-letter producer"):
             self._producer = KafkaProducer(
                 client_id="rankstream-consumer-dlq",
@@ -104,34 +109,47 @@ class DeadLetterSender:
         if not pending:
             self._delivered.clear()
             return
-        from kafka.errors import MessageSizeTooLargeError
-
-        too_large = self._confirm(pending, self._send_one, MessageSizeTooLargeError)
-        self._confirm(too_large, self._send_stub, None)
+        too_large = self._confirm(pending, stubs=False)
+        self._confirm(too_large, stubs=True)
         self._delivered.clear()
+        self._in_flight.clear()
         log.info("dead letters sent", extra={"fields": {"count": len(pending),
                                                          "stubs": len(too_large),
                                                          "topic": self.topic}})
 
-    def _confirm(self, letters: Sequence[DeadLetter], send: Callable[[DeadLetter], Any],
-                 tolerated: type[Exception] | None) -> list[DeadLetter]:
-        """Send ``letters`` with ``send`` and confirm each; return those refused with
-        ``tolerated``, raise ServiceUnavailable for any other failure."""
-        from kafka.errors import KafkaError
+    def _confirm(self, letters: Sequence[DeadLetter], *, stubs: bool) -> list[DeadLetter]:
+        """Send ``letters`` (or their stubs) and confirm each; return those refused as
+        too large (letters only), raise ServiceUnavailable for any other failure."""
+        from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 
         if not letters:
             return []
+        send = self._send_stub if stubs else self._send_one
         with kafka_errors("sending dead letters"):
-            futures = [(letter, send(letter)) for letter in letters]
-            self._producer.flush(timeout=FLUSH_TIMEOUT_S)
+            futures = []
+            for letter in letters:
+                # One still queued from an attempt that timed out is waited for again,
+                # not queued once more: a copy per retry went out once it could.
+                future = self._in_flight.pop((stubs, *_where(letter)), None)
+                futures.append((letter, future if future is not None else send(letter)))
+            # A partition without a leader keeps its letters queued (up to the
+            # producer's delivery timeout): the futures say which others went.
+            with contextlib.suppress(KafkaTimeoutError):
+                self._producer.flush(timeout=FLUSH_TIMEOUT_S)
         refused: list[DeadLetter] = []
-        failed: tuple[DeadLetter, KafkaError] | None = None
+        failed: tuple[DeadLetter, Exception] | None = None
         for letter, future in futures:  # every future: the delivered ones are not resent
+            if not future.is_done:
+                self._in_flight[(stubs, *_where(letter))] = future
+                if failed is None:
+                    failed = (letter, KafkaTimeoutError(
+                        f"still queued after {FLUSH_TIMEOUT_S:.0f} s"))
+                continue
             try:
                 future.get(timeout=0)
                 self._delivered.add(_where(letter))
             except KafkaError as exc:
-                if tolerated is not None and isinstance(exc, tolerated):
+                if not stubs and isinstance(exc, MessageSizeTooLargeError):
                     refused.append(letter)
                 elif failed is None:
                     failed = (letter, exc)

@@ -185,11 +185,11 @@ class KafkaSource:
         partition whose records were all deleted gets no record that would move
         its committed offset, and would otherwise never count as caught up; one
         read over from its start (:meth:`seek`) counts from there until its first
-        batch replaces the stale offset."""
+        batch commits (:meth:`commit_for_monitoring`)."""
         out = dict(offsets)
         for partition, start in self._log_starts.items():
             out[partition] = max(out.get(partition, 0), start)
-        for partition, (stale, start) in self._rewound.items():
+        for partition, (stale, start) in list(self._rewound.items()):  # other threads
             if out.get(partition) == stale:
                 out[partition] = start
         for tp in list(self._partitions):
@@ -296,9 +296,17 @@ class KafkaSource:
         return out
 
     def commit_for_monitoring(self, offsets: Mapping[int, int]) -> None:
-        """Commit ``offsets`` to the group asynchronously; failures only get logged."""
+        """Commit ``offsets`` to the group asynchronously; failures only get logged.
+
+        Called once a batch's transaction committed ``offsets`` to Redis: a partition
+        read over from its start (:meth:`seek`) has a real offset there from now on,
+        which :meth:`positions` must take as it is even if it equals the stale one.
+        """
         from kafka import TopicPartition
         from kafka.structs import OffsetAndMetadata
+
+        for partition in offsets:
+            self._rewound.pop(partition, None)
 
         payload = {TopicPartition(self.topic, p): OffsetAndMetadata(off, "", -1)
                    for p, off in offsets.items()}

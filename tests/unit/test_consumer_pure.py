@@ -148,6 +148,8 @@ def test_a_retried_dead_letter_send_sends_only_the_letters_not_yet_confirmed():
     from kafka.errors import NotLeaderForPartitionError
 
     class Delivery:
+        is_done = True
+
         def __init__(self, error):
             self.error = error
 
@@ -174,7 +176,7 @@ def test_a_retried_dead_letter_send_sends_only_the_letters_not_yet_confirmed():
 
     sender = DeadLetterSender.__new__(DeadLetterSender)
     sender.topic, sender.source_topic, sender.max_value_bytes = "dlq", "events", 1 << 20
-    sender._delivered = set()
+    sender._delivered, sender._in_flight = set(), {}
     sender._producer = producer = OnePartitionDown()
     letters = [DeadLetter(Record(0, offset, b"k", b"x", 0), "bad") for offset in range(3)]
     for _ in range(2):
@@ -184,6 +186,51 @@ def test_a_retried_dead_letter_send_sends_only_the_letters_not_yet_confirmed():
     assert producer.sent == [0, 1, 2, 1, 1]
     sender.send(letters)  # a new batch (same letters here) is sent whole again
     assert producer.sent == [0, 1, 2, 1, 1, 0, 1, 2]
+
+
+def test_letters_still_queued_when_the_flush_times_out_are_waited_for_not_resent():
+    """A dead-letter partition without a leader keeps its letters queued and the flush
+    times out: the letters the others confirmed were not recorded, and every retry
+    queued the whole batch again."""
+    from kafka.errors import KafkaTimeoutError
+
+    class Delivery:
+        def __init__(self, done):
+            self.is_done = done
+
+        def get(self, timeout=None):
+            assert self.is_done
+
+    class LeaderlessPartition:
+        def __init__(self):
+            self.sent: list[int] = []
+            self.queued: list[Delivery] = []
+
+        def send(self, topic, value, key, headers):
+            offset = int(dict(headers)["source_offset"])
+            self.sent.append(offset)
+            delivery = Delivery(done=offset % 2 == 0)  # odd ones: no leader
+            if not delivery.is_done:
+                self.queued.append(delivery)
+            return delivery
+
+        def flush(self, timeout=None):
+            if any(not d.is_done for d in self.queued):
+                raise KafkaTimeoutError("Timeout waiting for future")
+
+    sender = DeadLetterSender.__new__(DeadLetterSender)
+    sender.topic, sender.source_topic, sender.max_value_bytes = "dlq", "events", 1 << 20
+    sender._delivered, sender._in_flight = set(), {}
+    sender._producer = producer = LeaderlessPartition()
+    letters = [DeadLetter(Record(0, offset, b"k", b"x", 0), "bad") for offset in range(4)]
+    for _ in range(2):
+        with pytest.raises(ServiceUnavailable, match="still queued"):
+            sender.send(letters)
+    assert producer.sent == [0, 1, 2, 3]
+    for delivery in producer.queued:  # the partition got a leader back
+        delivery.is_done = True
+    sender.send(letters)
+    assert producer.sent == [0, 1, 2, 3] and not sender._in_flight
 
 
 def test_backoff_doubles_with_jitter_up_to_its_cap():
@@ -481,3 +528,48 @@ def test_the_bound_is_described_on_the_scale_of_the_scores_beside_it() -> None:
     probability = describe_bound(False, 0.016, 1e-6, 1e-6, scale="probability")
     assert probability == ("NOT fresh, certified L1 bound 2.0e-06 on the probability scale "
                            "(tolerance 1.0e-06 of sum(y))")
+
+
+@pytest.mark.parametrize(("reply", "retried"), [
+    ("OOM command not allowed when used memory > 'maxmemory'.", True),
+    ("READONLY You can't write against a read only replica.", True),
+    ("MISCONF Redis is configured to save RDB snapshots, but it's currently unable", True),
+    ("WRONGTYPE Operation against a key holding the wrong kind of value", False),
+    ("ERR unknown command 'FOO'", False),
+])
+def test_redis_refusals_that_pass_by_themselves_are_retried_others_stop(
+        reply: str, retried: bool) -> None:
+    import redis
+
+    from consumer.redis_store import redis_errors
+
+    with pytest.raises(ServiceError) as caught, redis_errors("writing"):
+        raise redis.ResponseError(reply)
+    assert isinstance(caught.value, ServiceUnavailable) is retried
+
+
+def test_stored_json_nested_past_the_parser_is_shown_or_refused_not_a_traceback():
+    """json.loads raises RecursionError (not ValueError) on a value nested a few
+    thousand deep: `rankstream status` exited with a traceback, /status a bare 500."""
+    from consumer.readers import _offsets, _status_dict
+    from consumer.redis_store import stored_data
+
+    deep = "[" * 5000 + "]" * 5000
+    from consumer.keys import ALGORITHMS
+
+    status = _status_dict("p:", [{b"lag": deep.encode()}, {}, {}, deep.encode(),
+                                 *[{} for _ in ALGORITHMS]])
+    assert status["consumer"]["lag"] == deep and status["lock"] == {"raw": deep}
+    with pytest.raises(ServiceError, match="unexpected data"), stored_data("reading"):
+        _offsets(deep)
+
+
+def test_scores_that_sum_to_infinity_are_not_published():
+    import numpy as np
+
+    from consumer.score_publisher import _check_finite
+
+    y = np.array([1e308, 1e308, 1.0])
+    with pytest.raises(ServiceError, match="not finite"):
+        _check_finite("pagerank", y, np.ones(3, dtype=bool), 0.0)
+    _check_finite("pagerank", y, np.array([True, False, True]), 0.0)
