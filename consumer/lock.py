@@ -83,7 +83,7 @@ class Holder:
             return cls(str(data["host"]), int(data["pid"]), str(data["since"]),
                        str(data["token"]), str(data.get("boot", "")),
                        str(data.get("pidns", "")))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return cls("?", -1, "?", raw.decode("utf-8", "replace"))
 
     def describe(self) -> str:

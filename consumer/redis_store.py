@@ -22,7 +22,7 @@ from redis.retry import Retry
 
 from consumer.graph_write import GraphCounters
 from consumer.keys import ALGORITHMS, Keys
-from consumer.resp import read_sets
+from consumer.resp import read_sets, transient_refusal
 from rankstream.errors import ServiceError, ServiceUnavailable
 from rankstream.settings import Settings
 
@@ -76,7 +76,9 @@ def connect_redis(settings: Settings, *, client_name: str = "rankstream",
 
 @contextlib.contextmanager
 def redis_errors(what: str) -> Iterator[None]:
-    """Translate redis-py errors: unreachable -> ServiceUnavailable, others -> ServiceError.
+    """Translate redis-py errors: unreachable, or refusing for now (out of memory, a
+    read-only replica: :data:`consumer.resp.TRANSIENT_REFUSALS`) -> ServiceUnavailable,
+    others -> ServiceError.
 
     A refused password is a ServiceError, not "unavailable": redis-py raises it as a
     ConnectionError subclass, and retrying it only delayed the error by a minute.
@@ -90,6 +92,10 @@ def redis_errors(what: str) -> Iterator[None]:
         raise ServiceError(f"redis refused our credentials while {what}: {exc}") from exc
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise ServiceUnavailable(f"redis unavailable while {what}: {exc}") from exc
+    except redis.ResponseError as exc:
+        if transient_refusal(exc):  # out of memory, read-only replica...: retried
+            raise ServiceUnavailable(f"redis refused for now while {what}: {exc}") from exc
+        raise ServiceError(f"redis error while {what}: {exc}") from exc
     except redis.RedisError as exc:
         raise ServiceError(f"redis error while {what}: {exc}") from exc
 
@@ -100,7 +106,8 @@ def stored_data(what: str) -> Iterator[None]:
     program under the prefix) is a ServiceError naming it, never a crash."""
     try:
         yield
-    except (ValueError, TypeError, OverflowError) as exc:
+    # RecursionError: json.loads of a value nested a few thousand deep.
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
         raise ServiceError(f"unexpected data in Redis while {what}: {exc}") from exc
 
 
@@ -244,7 +251,9 @@ def load_published(client: redis.Redis, keys: Keys, url_to_id: Any, num_ids: int
                 reply: Any = client.zscan(keys.scores(algorithm), cursor, count=10_000)
                 cursor, chunk = reply
                 for member, score in chunk:
-                    pid = url_to_id(member.decode("utf-8"))
+                    # A member that is not UTF-8 (not ours) names no page: it stays
+                    # unrecorded, so the swap refuses and the ZSET is replaced whole.
+                    pid = url_to_id(member.decode("utf-8", "replace"))
                     if pid is not None and pid < num_ids:
                         vector[pid] = score
                         seen += 1

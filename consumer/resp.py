@@ -29,7 +29,7 @@ import numba
 import numpy as np
 import redis
 
-from rankstream.errors import ServiceError
+from rankstream.errors import ServiceError, ServiceUnavailable
 
 SEND_GROUP_BYTES = 8 * 1024 * 1024  # one sendall() each: the GIL is released meanwhile
 READ_SETS_CHUNK = 10_000  # SMEMBERS per round trip of read_sets()
@@ -43,6 +43,21 @@ class TransactionFailed(ServiceError):
 
     A bug or foreign keys of the wrong type: never retried.
     """
+
+
+# Refusals a Redis server takes back by itself or by an operator's fix that needs no
+# change of ours (memory freed, a disk that takes the snapshot again, a failover over,
+# a long script done): the consumer retries them with backoff like an outage instead
+# of stopping. A queued command refused so makes Redis discard the whole transaction,
+# so nothing of it ran and the identical transaction can be sent again.
+TRANSIENT_REFUSALS = frozenset({"OOM", "MISCONF", "READONLY", "LOADING", "BUSY",
+                                "MASTERDOWN", "NOREPLICAS", "TRYAGAIN", "CLUSTERDOWN"})
+
+
+def transient_refusal(error: BaseException) -> bool:
+    """Whether ``error`` is a Redis error reply of :data:`TRANSIENT_REFUSALS`."""
+    return (isinstance(error, redis.ResponseError)
+            and str(error).split(" ", 1)[0] in TRANSIENT_REFUSALS)
 
 
 def bulk(value: bytes | str) -> bytes:
@@ -314,9 +329,12 @@ def transaction(conn: Any, body: Sequence[bytes], commands: int) -> list[Any]:
                 refused = reply
         else:
             replies = reply
-    if isinstance(replies, Exception):  # EXECABORT
-        raise TransactionFailed(f"transaction refused by Redis: {refused or replies}"
-                                ) from (refused or replies)
+    if isinstance(replies, Exception):  # EXECABORT, or EXEC itself refused
+        cause = refused or replies
+        if transient_refusal(cause):
+            raise ServiceUnavailable(f"Redis refused the transaction for now (nothing "
+                                     f"of it ran): {cause}") from cause
+        raise TransactionFailed(f"transaction refused by Redis: {cause}") from cause
     if replies is None:
         raise redis.WatchError("a watched key changed; the transaction was not run")
     failures = [r for r in replies if isinstance(r, Exception)]

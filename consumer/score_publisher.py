@@ -177,7 +177,9 @@ class ScorePublisher:
             self._drop_buffers(foreign=True)
             for algorithm, values in published.items():
                 named: Any = self.client.hget(self.keys.meta(algorithm), "publication")
-                self.adopt(algorithm, values, named.decode() if named is not None else "")
+                # Foreign bytes name no publication of ours: a full replacement follows.
+                self.adopt(algorithm, values,
+                           named.decode("utf-8", "replace") if named is not None else "")
                 self.seed_back_buffer(algorithm)
 
     def release(self) -> None:
@@ -351,7 +353,8 @@ class ScorePublisher:
     def swapped_already(self, publication: Publication) -> bool:
         """True if meta names ``publication``: its swap committed."""
         done: Any = self.client.hget(publication.meta_key, "publication")
-        return done is not None and done.decode() == publication.publication_id
+        return (done is not None
+                and done.decode("utf-8", "replace") == publication.publication_id)
 
     def send_swap(self, publication: Publication, *, fence: Any | None = None) -> bool:
         """Make the publication visible (:func:`consumer.score_swap.send_swap`). If the
@@ -381,6 +384,9 @@ def _check_finite(algorithm: str, y: np.ndarray, live: np.ndarray, bound: float)
     """The last gate before Redis: a NaN or inf score (an engine bug) made meta say
     total "nan" or "inf", which every reader then refused, or crashed the consumer
     with a traceback when it reached a new page's member."""
-    if not (math.isfinite(bound) and np.isfinite(y[live]).all()):
-        raise ServiceError(f"refusing to publish {algorithm}: its scores or bound are not "
-                           f"finite (bound {bound!r}); an engine bug, please report it")
+    with np.errstate(over="ignore"):  # finite scores can still sum to inf
+        total = float(np.sum(y, where=live))
+    if not (math.isfinite(bound) and np.isfinite(y[live]).all() and math.isfinite(total)):
+        raise ServiceError(f"refusing to publish {algorithm}: its scores, their sum or "
+                           f"its bound are not finite (bound {bound!r}); an engine bug, "
+                           "please report it")

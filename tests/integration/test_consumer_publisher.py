@@ -472,3 +472,26 @@ def test_a_publication_by_another_consumer_meanwhile_makes_the_swap_start_over(
     assert not first.send(first.prepare(ranks, reports, version=1, offsets={}))
     assert first.send(first.prepare(ranks, reports, version=1, offsets={}))
     check(client, keys, ranks, reports)
+
+
+def test_foreign_bytes_in_the_scores_or_their_meta_are_replaced_not_a_crash(isolated, client):
+    """A ZSET member or a meta `publication` that is not UTF-8 stopped the consumer's
+    start with a UnicodeDecodeError; such a member names no page, so the swap refuses
+    and the ZSET is replaced whole, as for any foreign member."""
+    from consumer.redis_store import load_published
+
+    keys = Keys(isolated.key_prefix)
+    ranks, rng = published_once(client, keys, seed=11)
+    for algorithm in ALGORITHMS:
+        client.zadd(keys.scores(algorithm), {b"\xff\xfe": 1.0})
+    client.hset(keys.meta("pagerank"), "publication", b"\xff")
+    ids = {url: i for i, url in enumerate(ranks.graph.urls)}
+    loaded = load_published(client, keys, ids.get, ranks.graph.num_ids)
+    publisher = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6,
+                               publish_threshold=0.0, owner="b")
+    publisher.adopt_live(loaded)
+    evolve(rng, ranks, 1)
+    reports = exact_reports(ranks)
+    assert not publisher.send(publisher.prepare(ranks, reports, version=1, offsets={}))
+    assert publisher.send(publisher.prepare(ranks, reports, version=1, offsets={}))
+    check(client, keys, ranks, reports)

@@ -72,3 +72,25 @@ def test_an_exec_running_past_the_socket_timeout_is_waited_for_not_retried(
     with pooled_connection(slow) as conn, pytest.raises(redis_py.TimeoutError):
         transaction(conn, [busy], 1)
     slow.close()
+
+
+def test_a_transient_refusal_is_retryable_and_runs_nothing(isolated, client):
+    """Out of memory (or a read-only replica after a failover) stopped the consumer as
+    if the transaction were a bug; nothing of it ran, so it is retried like an outage."""
+    from rankstream.errors import ServiceUnavailable
+
+    key = f"{isolated.key_prefix}x"
+    saved = client.config_get("maxmemory*")
+    try:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", 1)
+        with pooled_connection(client) as conn, pytest.raises(ServiceUnavailable,
+                                                              match="OOM"):
+            transaction(conn, [command("SET", key, "1")], 1)
+    finally:
+        client.config_set("maxmemory", saved["maxmemory"])
+        client.config_set("maxmemory-policy", saved["maxmemory-policy"])
+    assert client.get(key) is None
+    with pooled_connection(client) as conn:  # the same transaction once Redis takes it
+        transaction(conn, [command("SET", key, "1")], 1)
+    assert client.get(key) == b"1"
