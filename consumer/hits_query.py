@@ -324,7 +324,8 @@ def _root_set(
         elif len(roots) < query.root_size and int(raw) not in urls:
             roots.append(int(raw))
             urls[int(raw)] = seed
-    return roots, urls, unknown
+    # Sorted: a cached answer serves every order of the same seeds (normal_form).
+    return roots, urls, sorted(unknown)
 
 
 # --- cache and versions -------------------------------------------------------------

@@ -3,7 +3,8 @@
 ``rankstream serve`` runs :func:`create_app` on uvicorn; the OpenAPI schema is at
 ``/openapi.json`` (interactive docs at ``/docs``). Every input is bounded by a
 pydantic ``Query`` constraint, so an oversized request is a 422 with the field
-named, never work for the server. Errors map to status codes as follows:
+named, never work for the server. Every error's body is ``{"detail": "<one line>"}``,
+and errors map to status codes as follows:
 
 =====  =============================================================
 400    a bad value the schema cannot express (bad URL, no query terms,
@@ -27,6 +28,7 @@ from typing import Annotated, Any, Literal
 
 import uvicorn
 from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, StringConstraints
@@ -258,7 +260,8 @@ def _check_parameter_names(request: Request) -> None:
     for name, _value in request.query_params.multi_items():
         if name not in known:
             takes = f"takes {', '.join(sorted(known))}" if known else "takes no parameters"
-            raise InputError(f"unknown parameter {name!r}: this endpoint {takes}")
+            shown = name if len(name) <= 64 else f"{name[:64]}..."  # not a 1 MB echo
+            raise InputError(f"unknown parameter {shown!r}: this endpoint {takes}")
         if name in seen and name not in REPEATABLE_PARAMETERS:
             raise InputError(f"parameter {name!r} given more than once")
         seen.add(name)
@@ -277,5 +280,17 @@ def _add_error_handlers(app: FastAPI) -> None:
             return JSONResponse({"detail": str(exc)}, status_code=status)
 
         app.add_exception_handler(error_type, handler)
+    app.add_exception_handler(RequestValidationError, _validation_failed)
+
+
+def _validation_failed(_request: Request, exc: Exception) -> JSONResponse:
+    """A 422 in the one-line form of the other errors. FastAPI's own body is a list
+    that echoes each bad value whole: 200,000 seeds came back as a 3.2 MB answer."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    reasons = [f"{'.'.join(str(part) for part in error.get('loc', ())[1:]) or 'request'}: "
+               f"{error.get('msg', 'invalid')}" for error in errors[:3]]
+    if len(errors) > 3:
+        reasons.append(f"and {len(errors) - 3} more")
+    return JSONResponse({"detail": "; ".join(reasons) or "invalid request"}, status_code=422)
 
 

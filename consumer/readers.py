@@ -19,11 +19,12 @@ import redis
 from consumer.keys import ALGORITHMS, Keys
 from consumer.publication import relative_bound
 from consumer.redis_store import decoded, decoded_hash, redis_errors, stored_data
-from rankstream.errors import InputError, ServiceError
+from rankstream.errors import InputError, ServiceError, ServiceUnavailable
 
 Scale = Literal["paper", "probability"]
 SCALES: tuple[str, ...] = ("paper", "probability")
 MAX_TOP_K = 10_000
+TOP_READ_ATTEMPTS = 5  # a publication lands every ~0.5 s at the most
 
 
 def _check_algorithm(algorithm: str) -> None:
@@ -184,18 +185,49 @@ def top_with_meta(client: redis.Redis, prefix: str, algorithm: str = "pagerank",
     if scale not in SCALES:
         raise InputError(f"unknown scale {scale!r} (paper or probability)", where="scale")
     keys = Keys(prefix)
-    with redis_errors("reading the top pages"), client.pipeline(transaction=True) as pipe:
-        # MULTI so the rows, the total they are divided by and the freshness and
-        # bound shown beside them all come from the same publication.
-        pipe.zrevrange(keys.scores(algorithm), 0, k - 1, withscores=True)
-        pipe.hgetall(keys.meta(algorithm))
-        rows, meta_raw = pipe.execute()
-    with stored_data(f"reading the {algorithm} top pages"):
-        info = Meta.from_hash(algorithm, decoded_hash(meta_raw))
+    with redis_errors("reading the top pages"), stored_data(f"reading the {algorithm} top pages"):
+        rows, meta = _top_rows(client, keys, algorithm, k)
+        info = Meta.from_hash(algorithm, meta)
         divisor = 1.0
         if scale == "probability" and rows:
             divisor = _probability_divisor(algorithm, info.total)
-        return [(decoded(url), _finite(value, "a score") / divisor) for url, value in rows], info
+        return [(url, _finite(value, "a score") / divisor) for url, value in rows], info
+
+
+def _top_rows(client: redis.Redis, keys: Keys, algorithm: str, k: int
+              ) -> tuple[list[tuple[str, float]], dict[str, str]]:
+    """The ``k`` best rows, ties by URL ascending as ``rank`` and HITS order them, and
+    the meta of their publication.
+
+    ZREVRANGE orders equal scores by member *descending*, so where ``k`` cut a group
+    of tied pages (exact ties are common: pages alike in the graph get bit-identical
+    scores) the members at the cut are read again in ascending order. That second
+    read must see the same publication as the first; a publication between the two
+    (the ``publication`` meta field changed) means reading again.
+    """
+    scores, meta_key = keys.scores(algorithm), keys.meta(algorithm)
+    for _ in range(TOP_READ_ATTEMPTS):
+        with client.pipeline(transaction=True) as pipe:
+            # MULTI so the rows, the total they are divided by and the freshness and
+            # bound shown beside them all come from the same publication.
+            pipe.zrevrange(scores, 0, k - 1, withscores=True)
+            pipe.hgetall(meta_key)
+            raw_rows, meta_raw = pipe.execute()
+        meta = decoded_hash(meta_raw)
+        rows = sorted(((decoded(url), float(value)) for url, value in raw_rows),
+                      key=lambda row: (-row[1], row[0]))
+        if len(rows) < k:
+            return rows, meta
+        last = rows[-1][1]
+        above = [row for row in rows if row[1] > last]
+        with client.pipeline(transaction=True) as pipe:
+            pipe.zrange(scores, last, last, byscore=True, offset=0, num=k - len(above))
+            pipe.hget(meta_key, "publication")
+            tied, publication = pipe.execute()
+        if (None if publication is None else decoded(publication)) == meta.get("publication"):
+            return above + [(decoded(url), last) for url in tied], meta
+    raise ServiceUnavailable(f"the {algorithm} scores were republished during each of "
+                             f"{TOP_READ_ATTEMPTS} reads; try again")
 
 
 def score(client: redis.Redis, prefix: str, url: str, algorithm: str = "pagerank",
@@ -258,14 +290,14 @@ def _status_dict(prefix: str, replies: list[Any]) -> dict[str, Any]:
     consumer = decoded_hash(replies[0])
     for name in ("lag", "bound", "fresh"):
         if name in consumer:
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, RecursionError):  # shown as stored
                 consumer[name] = json.loads(consumer[name])
     lock_raw = replies[3]
     lock: Any = None
     if lock_raw is not None:
         try:
             lock = json.loads(lock_raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             lock = None
         if isinstance(lock, dict):
             lock.pop("token", None)

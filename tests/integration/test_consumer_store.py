@@ -317,3 +317,24 @@ def test_status_heartbeats_are_fenced_and_a_state_change_lands_last(isolated, cl
     writer.heartbeat(fields("zombie"), force=True)
     writer.close()
     assert client.hget(keys.status, "state") == b"stopped"
+
+
+def test_top_breaks_ties_by_url_ascending_like_rank_and_hits(isolated: Isolated) -> None:
+    """ZREVRANGE gave tied pages in descending URL order, so where k cut a group of
+    exact ties `top` chose other pages than `rankstream rank` and HITS."""
+    from consumer import readers
+
+    client = connect_redis(isolated.settings)
+    keys = Keys(isolated.key_prefix)
+    client.zadd(keys.scores("pagerank"), {"https://hub.org/": 2.0, "https://z.org/": 1.5,
+                                          "https://y.org/": 1.5, **{
+                                              f"https://{c}.org/": 0.5 for c in "dcba"}})
+    client.hset(keys.meta("pagerank"), mapping={"total": "7.0", "bound": "0.0",
+                                                "publication": "p1"})
+    ranked = [url for url, _ in readers.top(client, isolated.key_prefix, "pagerank", 5)]
+    assert ranked == ["https://hub.org/", "https://y.org/", "https://z.org/",
+                      "https://a.org/", "https://b.org/"]
+    everything = readers.top(client, isolated.key_prefix, "pagerank", 100)
+    assert [url for url, _ in everything][3:] == [f"https://{c}.org/" for c in "abcd"]
+    assert readers.top(client, isolated.key_prefix, "pagerank", 2) == [
+        ("https://hub.org/", 2.0), ("https://y.org/", 1.5)]

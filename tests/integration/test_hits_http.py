@@ -133,6 +133,8 @@ def test_bad_hits_requests_get_clear_4xx(
     response = http.get("/hits", params=params)
     assert response.status_code == status, response.text
     assert field in response.text
+    detail = response.json()["detail"]  # one line, as every error: not a list echoing input
+    assert isinstance(detail, str) and "\n" not in detail and len(detail) < 300
 
 
 @pytest.mark.parametrize(
