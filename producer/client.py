@@ -20,7 +20,7 @@ by the next ``publish_*``, ``flush()`` or ``close()``; none is swallowed.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
@@ -125,7 +125,9 @@ class LinkPublisher:
             )
         except KafkaError as exc:
             raise ServiceUnavailable(f"cannot connect a producer to {servers}: {exc!r}") from exc
-        except (OSError, ValueError, TypeError) as exc:
+        except (OSError, ValueError, TypeError, AssertionError) as exc:
+            # AssertionError: kafka-python's word for an unknown option ("security"
+            # holding a misspelt key), which would otherwise escape our error root.
             raise ServiceError(f"cannot create a producer for {servers}: {exc}") from exc
 
     @classmethod
@@ -151,6 +153,9 @@ class LinkPublisher:
         ts: Timestamp | None = None,
     ) -> None:
         """The full current out-link set of ``url``; each link a URL or {"url", "text"}."""
+        if isinstance(links, str | bytes | dict) or not isinstance(links, Iterable):
+            raise InputError("wrong type: links: expected a sequence of links",
+                             where="links")
         data: dict[str, Any] = {"type": "page", "url": url, "links": list(links)}
         if title is not None:
             data["title"] = title
@@ -183,9 +188,15 @@ class LinkPublisher:
 
     def publish_raw(self, value: bytes | None, key: bytes | None = None) -> None:
         """Bytes as they are, unvalidated: for replaying logs and injecting bad input
-        (``None``: a tombstone)."""
+        (``None``: a tombstone, which needs a key). Wrong types are InputErrors."""
         from kafka.errors import KafkaError
 
+        if value is not None and not isinstance(value, bytes):
+            raise InputError(f"a message value is bytes or None, got {type(value).__name__}")
+        if key is not None and not isinstance(key, bytes):
+            raise InputError(f"a message key is bytes or None, got {type(key).__name__}")
+        if value is None and key is None:  # kafka-python asserts on it
+            raise InputError("a tombstone (no value) needs a key")
         self._raise_failures(unsent=True)
         if self._closed:
             raise ServiceError("publisher is closed")

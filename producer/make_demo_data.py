@@ -81,6 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as exc:
         sys.stderr.write(f"make_demo_data: error: {exc}\n")
         return 2
+    except OSError as exc:  # an output path that is a directory, or not writable
+        sys.stderr.write(f"make_demo_data: error: {output}: cannot write: "
+                         f"{exc.strerror or exc}\n")
+        return 2
     print(f"wrote {count} page events to {output} ({output.stat().st_size} bytes)")
     return 0
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -79,6 +80,9 @@ _MAX_TS_MS = 253_402_300_799_999
 MAX_TS_LEAD_MS = 86_400_000  # how far ahead of the decoder's clock a ts may be
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MS = timedelta(milliseconds=1)
+# What RFC 3339 allows and Python 3.11's fromisoformat refuses (_iso_moment).
+_LEAP_SECOND = re.compile(r"(?<=[T ]\d\d:\d\d:)60(?=$|[.,Z+-])")
+_END_OF_DAY = re.compile(r"(?<=[T ])24:00(?::00(?:[.,]0+)?)?(?=$|[Z+-])")
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +186,7 @@ def _parse_ts(value: object) -> int | None:
         return _not_ahead(value, str(value))
     if type(value) is str:
         try:
-            moment = datetime.fromisoformat(value)
+            moment = _iso_moment(value)
         except ValueError:
             _fail("bad ts", f"not ISO 8601: {value[:40]!r}")
         if moment.tzinfo is None:
@@ -194,6 +198,19 @@ def _parse_ts(value: object) -> int | None:
     if type(value) is HugeInteger:
         _fail("bad ts", "integer out of range (epoch milliseconds expected)")
     _fail("bad ts", f"expected epoch ms (int) or ISO 8601 string, got {_json_type(value)}")
+
+
+def _iso_moment(text: str) -> datetime:
+    """``datetime.fromisoformat``, plus what RFC 3339 allows and Python 3.11's parser
+    refuses: a lower-case ``t`` or ``z``, a leap second (``23:59:60``, read as POSIX
+    time reads it: the next second) and ``24:00:00``, the end of a day."""
+    text = text.upper()
+    later = timedelta(0)
+    if (leap := _LEAP_SECOND.search(text)) is not None:
+        text, later = f"{text[:leap.start()]}59{text[leap.end():]}", timedelta(seconds=1)
+    elif (end := _END_OF_DAY.search(text)) is not None:
+        text, later = f"{text[:end.start()]}23:59:59{text[end.end():]}", timedelta(seconds=1)
+    return datetime.fromisoformat(text) + later
 
 
 def _not_ahead(millis: int, shown: str) -> int:
@@ -305,16 +322,19 @@ class PageEvent(_EventBase):
                 if item is None:
                     _fail("missing field", f"links[{index}].url")
             canonical = _checked_url(item, limits, f"links[{index}]")
-            if canonical == page_url:
-                continue
-            seen[canonical] = None
             if text is not None:
                 if type(text) is not str:
                     _fail("wrong type", f"links[{index}].text: expected string, "
                           f"got {_json_type(text)}")
-                # A duplicate link may still bring the first anchor text.
-                if text and canonical not in anchors:
-                    anchors[canonical] = _checked_text(text, f"links[{index}].text")
+                # Checked where it is not kept too (a self link's, a later duplicate's):
+                # whether an event is valid must not depend on where its links point.
+                text = _checked_text(text, f"links[{index}].text") if text else None
+            if canonical == page_url:
+                continue
+            seen[canonical] = None
+            # A duplicate link may still bring the first anchor text.
+            if text and canonical not in anchors:
+                anchors[canonical] = text
         out["links"] = tuple(seen)
         # In link order, so that encoding and decoding again gives an equal event.
         out["anchors"] = tuple((url, anchors[url]) for url in seen if url in anchors)

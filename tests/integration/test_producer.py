@@ -95,10 +95,23 @@ def test_invalid_input_is_refused_before_sending(isolated: Isolated) -> None:
         # Valid, but over the consumer's message limit: it would only be dead-lettered.
         with pytest.raises(InputError, match="message too large"):
             publisher.publish_page("https://example.org/", [], title="x" * 1_100_000)
+        # Wrong types are InputErrors, not kafka-python's AssertionError or a TypeError.
+        for links in (None, 5, "https://example.org/a"):
+            with pytest.raises(InputError, match="links"):
+                publisher.publish_page("https://example.org/", links)  # type: ignore[arg-type]
+        with pytest.raises(InputError, match="needs a key"):
+            publisher.publish_raw(None)
+        with pytest.raises(InputError, match="bytes"):
+            publisher.publish_raw("text", b"k")  # type: ignore[arg-type]
         publisher.publish_raw(b"\xff not json", b"raw")  # raw bytes are the caller's business
         assert publisher.sent == 1
     records = read_back(isolated.settings, isolated.topic, 1)
     assert [(key, value) for _, _, key, value in records] == [(b"raw", b"\xff not json")]
+
+
+def test_a_misspelt_security_option_is_a_service_error(services: Settings) -> None:
+    with pytest.raises(ServiceError, match="sasl_mechanizm"):
+        LinkPublisher(services.kafka_bootstrap, "t", security={"sasl_mechanizm": "PLAIN"})
 
 
 def test_missing_topic_is_reported_in_bounded_time(services: Settings) -> None:

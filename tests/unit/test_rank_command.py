@@ -357,6 +357,15 @@ def test_the_shipped_demo_log_is_what_make_demo_data_derives(tmp_path: Path) -> 
     assert out.read_bytes() == DEMO_EVENTS.read_bytes()
 
 
+def test_make_demo_data_into_a_directory_is_a_one_line_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from producer.make_demo_data import main as make_demo_data
+
+    assert make_demo_data([str(DOCS_EDGES), str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write" in err
+
+
 def test_make_demo_data_groups_by_canonical_url_and_names_a_bad_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from producer.make_demo_data import build_demo_lines

@@ -95,6 +95,11 @@ def test_unknown_extra_fields_are_ignored_and_models_are_frozen() -> None:
         ("2026-01-01T01:00:00+01:00", 1_767_225_600_000),
         ("2026-01-01T00:00:00.250", 1_767_225_600_250),  # naive means UTC
         ("2026-01-01", 1_767_225_600_000),
+        # RFC 3339 forms Python 3.11's fromisoformat refuses:
+        ("2026-01-01t00:00:00z", 1_767_225_600_000),
+        ("2016-12-31T23:59:60Z", 1_483_228_800_000),  # a leap second: the next, as POSIX
+        ("2016-12-31T23:59:60.500Z", 1_483_228_800_500),
+        ("2025-12-31T24:00:00Z", 1_767_225_600_000),  # the end of a day
     ],
 )
 def test_ts_forms(ts: int | str, millis: int) -> None:
@@ -133,6 +138,9 @@ def test_ts_forms(ts: int | str, millis: int) -> None:
         (b'{"type": "page", "url": "http://a/", "links": [{"text": "x"}]}',
          "missing field: links[0].url"),
         (b'{"type": "page", "url": "http://a/", "links": [{"url": "http://b/", "text": 1}]}',
+         "wrong type: links[0].text: expected string, got integer"),
+        # A self link is dropped, but its anchor text is checked like any other's.
+        (b'{"type": "page", "url": "http://a/", "links": [{"url": "http://a/", "text": 5}]}',
          "wrong type: links[0].text: expected string, got integer"),
         (b'{"type": "page", "url": "http://a/", "links": [], "title": ["t"]}',
          "wrong type: title: expected string, got array"),
