@@ -573,3 +573,46 @@ def test_scores_that_sum_to_infinity_are_not_published():
     with pytest.raises(ServiceError, match="not finite"):
         _check_finite("pagerank", y, np.ones(3, dtype=bool), 0.0)
     _check_finite("pagerank", y, np.array([True, False, True]), 0.0)
+
+
+def test_a_partition_read_over_counts_its_real_offsets_once_a_batch_committed():
+    """After a recreated topic (stored offset 100, log end 40) the partition is read
+    from its start, and positions() mapped the stale offset back to the start. It did
+    so for good: once the new log reached 100 and a batch committed it, lag showed
+    the whole partition and --until-caught-up waited for ever."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from consumer.kafka_source import KafkaSource
+
+    partition = TopicPartition("events", 0)
+
+    class RecreatedLog(KafkaConsumer):  # kafka-python's own assign/seek/position
+        log_end = 40
+
+        def partitions_for_topic(self, topic):
+            return {0}
+
+        def beginning_offsets(self, partitions, timeout_ms=None):
+            return {tp: 0 for tp in partitions}
+
+        def end_offsets(self, partitions, timeout_ms=None):
+            return {tp: self.log_end for tp in partitions}
+
+        def commit_async(self, offsets=None, callback=None):
+            pass
+
+    source = KafkaSource.__new__(KafkaSource)
+    source.topic = "events"
+    source._consumer = RecreatedLog(bootstrap_servers=["127.0.0.1:1"], api_version=(2, 8, 0),
+                                    group_id="g", enable_auto_commit=False)
+    source._partitions, source._log_starts, source._rewound, source._expected = [], {}, {}, {}
+    source._next_partition_check = float("inf")
+    try:
+        source.assign({0: 100})
+        assert source.positions({0: 100}) == {0: 0}  # nothing of the new log read yet
+        source._expected[0] = 100  # the records up to 100 were handed out...
+        source._consumer.seek(partition, 100)
+        source.commit_for_monitoring({0: 100})  # ...and their batch committed
+        assert source.positions({0: 100}) == {0: 100}
+    finally:
+        source._consumer.close()
