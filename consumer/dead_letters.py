@@ -129,9 +129,13 @@ class DeadLetterSender:
             futures = []
             for letter in letters:
                 # One still queued from an attempt that timed out is waited for again,
-                # not queued once more: a copy per retry went out once it could.
-                future = self._in_flight.pop((stubs, *_where(letter)), None)
-                futures.append((letter, future if future is not None else send(letter)))
+                # not queued once more: a copy per retry went out once it could. Each
+                # is recorded as it is sent, so a send that raises loses none of them.
+                key = (stubs, *_where(letter))
+                future = self._in_flight.get(key)
+                if future is None:
+                    future = self._in_flight[key] = send(letter)
+                futures.append((letter, future))
             # A partition without a leader keeps its letters queued (up to the
             # producer's delivery timeout): the futures say which others went.
             with contextlib.suppress(KafkaTimeoutError):
@@ -140,11 +144,11 @@ class DeadLetterSender:
         failed: tuple[DeadLetter, Exception] | None = None
         for letter, future in futures:  # every future: the delivered ones are not resent
             if not future.is_done:
-                self._in_flight[(stubs, *_where(letter))] = future
                 if failed is None:
                     failed = (letter, KafkaTimeoutError(
                         f"still queued after {FLUSH_TIMEOUT_S:.0f} s"))
                 continue
+            del self._in_flight[(stubs, *_where(letter))]
             try:
                 future.get(timeout=0)
                 self._delivered.add(_where(letter))

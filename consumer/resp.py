@@ -55,9 +55,20 @@ TRANSIENT_REFUSALS = frozenset({"OOM", "MISCONF", "READONLY", "LOADING", "BUSY",
 
 
 def transient_refusal(error: BaseException) -> bool:
-    """Whether ``error`` is a Redis error reply of :data:`TRANSIENT_REFUSALS`."""
-    return (isinstance(error, redis.ResponseError)
-            and str(error).split(" ", 1)[0] in TRANSIENT_REFUSALS)
+    """Whether ``error`` is a Redis error reply of :data:`TRANSIENT_REFUSALS`.
+
+    Where the code is: redis-py moves the codes it knows (OOM, READONLY...) out of the
+    message into ``status_code``; its pipelines put ``Command # N (...) of pipeline
+    caused error:`` before the reply; and an EXEC refused as a whole names the
+    refusal after ``EXECABORT Transaction discarded because of:``.
+    """
+    if not isinstance(error, redis.ResponseError):
+        return False
+    if getattr(error, "status_code", None) in TRANSIENT_REFUSALS:
+        return True
+    reply = str(error).rpartition("caused error: ")[2]
+    reply = reply.rpartition("discarded because of: ")[2]
+    return reply.split(" ", 1)[0] in TRANSIENT_REFUSALS
 
 
 def bulk(value: bytes | str) -> bytes:

@@ -20,7 +20,8 @@ import redis
 
 from consumer.lock import LockLost
 from consumer.publication import Command, Publication
-from rankstream.errors import ServiceError
+from consumer.resp import transient_refusal
+from rankstream.errors import ServiceError, ServiceUnavailable
 
 BACK_TTL_MS = 15 * 60 * 1000  # a back buffer outlives its consumer by at most this
 
@@ -128,6 +129,9 @@ def send_swap(client: redis.Redis, publication: Publication, *, scripts: bool,
             if fence is not None:
                 fence.lost.set()
             raise LockLost(f"lost the consumer lock {lease[0]}") from exc
+        if transient_refusal(exc):  # out of memory, a read-only replica...: retried
+            raise ServiceUnavailable(f"score publication refused by Redis for now: {exc}"
+                                     ) from exc
         hint = (" (a Redis user without EVAL: run the consumer with --plain-writes)"
                 if isinstance(exc, redis.exceptions.NoPermissionError) else "")
         raise ServiceError(f"score publication failed in Redis: {exc}{hint}") from exc
@@ -146,14 +150,15 @@ def _send_swap_watched(client: redis.Redis, publication: Publication, fence: Any
         pipe.watch(publication.meta_key, *[key for key, _ in publication.checks],
                    *[key for key, _ in publication.meta_checks])
         done: Any = pipe.hget(publication.meta_key, "publication")
-        if done is not None and done.decode() == publication.publication_id:
+        # Foreign bytes (not UTF-8) name no publication of ours: not a crash.
+        if done is not None and done.decode("utf-8", "replace") == publication.publication_id:
             return True
         for key, members in publication.checks:
             if int(pipe.zcard(key)) != members:
                 return False
         for key, expected in publication.meta_checks:
             named: Any = pipe.hget(key, "publication")
-            if named is None or named.decode() != expected:
+            if named is None or named.decode("utf-8", "replace") != expected:
                 return False
         pipe.multi()
         for cmd in publication.swap:

@@ -191,9 +191,9 @@ class LinkPublisher:
         (``None``: a tombstone, which needs a key). Wrong types are InputErrors."""
         from kafka.errors import KafkaError
 
-        if value is not None and not isinstance(value, bytes):
+        if value is not None and not isinstance(value, bytes | bytearray | memoryview):
             raise InputError(f"a message value is bytes or None, got {type(value).__name__}")
-        if key is not None and not isinstance(key, bytes):
+        if key is not None and not isinstance(key, bytes | bytearray | memoryview):
             raise InputError(f"a message key is bytes or None, got {type(key).__name__}")
         if value is None and key is None:  # kafka-python asserts on it
             raise InputError("a tombstone (no value) needs a key")

@@ -189,6 +189,8 @@ def _parse_ts(value: object) -> int | None:
             moment = _iso_moment(value)
         except ValueError:
             _fail("bad ts", f"not ISO 8601: {value[:40]!r}")
+        except OverflowError:  # 9999-12-31T24:00:00Z is the year 10000
+            _fail("bad ts", f"{value[:40]!r} out of range (1970 to 9999 UTC)")
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=UTC)
         millis = (moment - _EPOCH) // _ONE_MS
@@ -204,6 +206,10 @@ def _iso_moment(text: str) -> datetime:
     """``datetime.fromisoformat``, plus what RFC 3339 allows and Python 3.11's parser
     refuses: a lower-case ``t`` or ``z``, a leap second (``23:59:60``, read as POSIX
     time reads it: the next second) and ``24:00:00``, the end of a day."""
+    try:  # the common forms at fromisoformat's own speed (the rewrites cost 10x)
+        return datetime.fromisoformat(text)
+    except ValueError:
+        pass
     text = text.upper()
     later = timedelta(0)
     if (leap := _LEAP_SECOND.search(text)) is not None:

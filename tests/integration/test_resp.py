@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import redis as redis_py
 
-from consumer.redis_store import connect_redis
+from consumer.redis_store import connect_redis, redis_errors
 from consumer.resp import TransactionFailed, command, pooled_connection, set_commands, transaction
 from rankstream.services.testing import Isolated
 
@@ -87,6 +87,13 @@ def test_a_transient_refusal_is_retryable_and_runs_nothing(isolated, client):
         with pooled_connection(client) as conn, pytest.raises(ServiceUnavailable,
                                                               match="OOM"):
             transaction(conn, [command("SET", key, "1")], 1)
+        # The same refusal through redis-py, which moves the code out of the message
+        # and, in a pipeline, puts the command before it.
+        with pytest.raises(ServiceUnavailable), redis_errors("writing"):
+            client.set(key, "1")
+        with (pytest.raises(ServiceUnavailable), redis_errors("writing"),
+              client.pipeline(transaction=True) as pipe):
+            pipe.set(key, "1").execute()
     finally:
         client.config_set("maxmemory", saved["maxmemory"])
         client.config_set("maxmemory-policy", saved["maxmemory-policy"])

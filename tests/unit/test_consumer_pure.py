@@ -232,6 +232,21 @@ def test_letters_still_queued_when_the_flush_times_out_are_waited_for_not_resent
     sender.send(letters)
     assert producer.sent == [0, 1, 2, 3] and not sender._in_flight
 
+    # A send that raises (no metadata within max_block_ms) loses none of those before it.
+    class BlockedOnce(LeaderlessPartition):
+        def send(self, topic, value, key, headers):
+            if int(dict(headers)["source_offset"]) == 2 and not getattr(self, "blocked", 0):
+                self.blocked = 1
+                raise KafkaTimeoutError("Failed to update metadata after 60.0 secs.")
+            return super().send(topic, value, key, headers)
+
+    sender._producer = producer = BlockedOnce()
+    with pytest.raises(ServiceUnavailable):
+        sender.send(letters)
+    with pytest.raises(ServiceUnavailable, match="still queued"):
+        sender.send(letters)
+    assert producer.sent == [0, 1, 2, 3]
+
 
 def test_backoff_doubles_with_jitter_up_to_its_cap():
     backoff = Backoff(initial_s=0.1, max_s=5.0)
@@ -534,17 +549,28 @@ def test_the_bound_is_described_on_the_scale_of_the_scores_beside_it() -> None:
     ("OOM command not allowed when used memory > 'maxmemory'.", True),
     ("READONLY You can't write against a read only replica.", True),
     ("MISCONF Redis is configured to save RDB snapshots, but it's currently unable", True),
+    ("EXECABORT Transaction discarded because of: OOM command not allowed when used "
+     "memory > 'maxmemory'.", True),
+    ("EXECABORT Transaction discarded because of previous errors.", False),
     ("WRONGTYPE Operation against a key holding the wrong kind of value", False),
     ("ERR unknown command 'FOO'", False),
 ])
+@pytest.mark.parametrize("path", ["reply", "redis-py", "redis-py pipeline"])
 def test_redis_refusals_that_pass_by_themselves_are_retried_others_stop(
-        reply: str, retried: bool) -> None:
+        reply: str, retried: bool, path: str) -> None:
+    """As each path raises them: our own reader keeps the reply whole; redis-py moves
+    the codes it knows into ``status_code`` and its pipelines prefix the command."""
     import redis
+    from redis._parsers.base import BaseParser
 
     from consumer.redis_store import redis_errors
 
+    error = redis.ResponseError(reply) if path == "reply" else BaseParser.parse_error(reply)
+    if path == "redis-py pipeline":
+        redis.client.Pipeline.annotate_exception(None, error, 2,  # type: ignore[arg-type]
+                                                 ("SET", "caused error: x", "1"))
     with pytest.raises(ServiceError) as caught, redis_errors("writing"):
-        raise redis.ResponseError(reply)
+        raise error
     assert isinstance(caught.value, ServiceUnavailable) is retried
 
 

@@ -171,6 +171,8 @@ def test_ts_forms(ts: int | str, millis: int) -> None:
          "bad ts: -1 out of range (epoch milliseconds expected)"),
         (b'{"type": "page_removed", "url": "http://a/", "ts": "yesterday"}',
          "bad ts: not ISO 8601: 'yesterday'"),
+        (b'{"type": "page_removed", "url": "http://a/", "ts": "9999-12-31T24:00:00Z"}',
+         "bad ts: '9999-12-31T24:00:00Z' out of range (1970 to 9999 UTC)"),
         (b'{"type": "page_removed", "url": "http://a/", "ts": "9999-12-31T23:59:59-14:00"}',
          "bad ts: '9999-12-31T23:59:59-14:00' out of range (1970 to 9999 UTC)"),
         (b'{"type": "page_removed", "url": "http://a/", "ts": NaN}',
