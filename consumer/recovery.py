@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis
 
@@ -202,16 +202,23 @@ class Recovery:
         if not self.retry("taking the lease again", self.lock.reacquire):
             self._held_by_another = True
             raise self._taken_by_another()
-        with redis_errors("checking for foreign writes"):
-            stored_version = self.client.hget(self.keys.graph, "version")
-            stored_offsets = self.client.hgetall(self.keys.offsets)
+        def stored_state() -> tuple[Any, Any]:
+            with redis_errors("checking for foreign writes"):
+                return (self.client.hget(self.keys.graph, "version"),
+                        self.client.hgetall(self.keys.offsets))
+
+        # Retried like the two calls before it: one dropped connection here stopped
+        # the consumer (the suspension stays set if this never answers).
+        stored_version, stored_offsets = self.retry("checking for foreign writes",
+                                                    stored_state)
         # Compared with the last transaction that committed (the mirror may already
         # hold the batch whose transaction was refused).
         version, offsets = self.committed
         ours = {k: str(v) for k, v in offsets.items()}
-        raw: dict[bytes, bytes] = dict(stored_offsets)  # type: ignore[arg-type]
-        stored = {k.decode(): v.decode() for k, v in raw.items()
-                  if k.decode().rpartition(":")[0] == self.topic}
+        raw: dict[bytes, bytes] = dict(stored_offsets)
+        stored = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
+                  for k, v in raw.items()
+                  if k.decode("utf-8", "replace").rpartition(":")[0] == self.topic}
         if int(stored_version or 0) == version and stored == ours:
             log.warning("lease re-taken; nobody wrote meanwhile, continuing")
             suspended.clear()

@@ -189,14 +189,18 @@ class ConsumerService:
 
     def run(self) -> int:
         """Start, loop until stopped or caught up, shut down. Returns the exit code."""
-        started = time.monotonic()
+        # A timer, not a check between steps: a consumer blocked in retries (no broker
+        # at start, Redis down mid-run) never got back to the loop, and ran on past
+        # --max-seconds. The stop request bounds every retry by the stop grace.
+        deadline = None
+        if self.options.max_seconds is not None:
+            deadline = threading.Timer(self.options.max_seconds, self.request_stop,
+                                       ("max-seconds",))
+            deadline.daemon = True
+            deadline.start()
         try:
             self.start()
             while not self.stop_event.is_set():
-                if (self.options.max_seconds is not None
-                        and time.monotonic() - started >= self.options.max_seconds):
-                    self.request_stop("max-seconds")
-                    break
                 self.step()
                 if self.caught_up():
                     self.request_stop("caught-up")
@@ -207,6 +211,8 @@ class ConsumerService:
                 self.drain()
             leave_snapshot(self.redis, self.keys, self.snapshot, self.mirror, self.publisher)
         finally:
+            if deadline is not None:
+                deadline.cancel()
             self.shutdown()
         log.info("consumer stopped", extra={"fields": {
             "reason": self.stop_reason, "events": self.stats.events,

@@ -642,3 +642,76 @@ def test_a_partition_read_over_counts_its_real_offsets_once_a_batch_committed():
         assert source.positions({0: 100}) == {0: 100}
     finally:
         source._consumer.close()
+
+
+def test_max_seconds_stops_a_consumer_blocked_in_retries_at_start(monkeypatch):
+    """The limit was checked between steps only: with no broker at start the topic
+    creation was retried for ever, far past --max-seconds."""
+    import consumer.service as service_module
+    from consumer.options import ConsumeOptions
+    from consumer.service import ConsumerService
+    from rankstream.settings import Settings
+
+    monkeypatch.setenv("RANKSTREAM_REDIS_URL", "redis://127.0.0.1:1/0")
+
+    def no_broker(settings):
+        raise ServiceUnavailable("kafka: no broker")
+
+    monkeypatch.setattr(service_module, "ensure_settings_topics", no_broker)
+    service = ConsumerService(Settings(), ConsumeOptions(
+        max_seconds=0.3, backoff_initial_s=0.01, backoff_max_s=0.05, stop_grace_s=0.3))
+    service.recovery.wait_for_redis = lambda within_s, stop_event: None
+    service.lock.acquire = lambda: None
+    service.lock.start_renewal = lambda: None
+    service._set_state = lambda *args, **kwargs: None
+    service.shutdown = lambda: None
+    started = time.monotonic()
+    with pytest.raises(ServiceUnavailable, match="gave up creating topics"):
+        service.run()
+    assert service.stop_reason == "max-seconds" and time.monotonic() - started < 5
+
+
+def test_a_dropped_connection_while_checking_for_foreign_writes_is_retried():
+    """After the lease was taken again, one Redis error in the check for foreign writes
+    stopped the consumer; every other call around it is retried."""
+    import redis
+
+    from consumer.keys import Keys
+    from consumer.lock import LockLost
+    from consumer.recovery import Recovery
+    from consumer.stats import ConsumerStats
+
+    class LapsedLease:
+        suspended, lost = threading.Event(), threading.Event()
+
+        def still_ours(self):
+            return False
+
+        def reacquire(self):
+            return True
+
+    class OneBlip:
+        calls = 0
+
+        def hget(self, key, field):
+            OneBlip.calls += 1
+            if OneBlip.calls == 1:
+                raise redis.ConnectionError("Connection reset by peer")
+            return b"7"
+
+        def hgetall(self, key):
+            return {b"t:0": b"10"}
+
+    recovery = Recovery(OneBlip(), LapsedLease(), Keys("rs:"), "t", ConsumerStats(),
+                        Backoff(0.01, 0.02), stop_grace_s=30, set_state=lambda state: None)
+    recovery.committed = (7, {"t:0": 10})  # Redis holds what we committed: carry on
+    attempts = []
+
+    def commit():
+        attempts.append(None)
+        if len(attempts) == 1:
+            raise LockLost("lost the consumer lock rs:lock")
+        return "committed"
+
+    assert recovery.fenced("committing the graph", commit) == "committed"
+    assert not LapsedLease.suspended.is_set()
