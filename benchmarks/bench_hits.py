@@ -24,7 +24,6 @@ Target (issue 4): p50 <= 100 ms and p99 <= 300 ms at a 5k-page base set.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ import numpy as np
 import redis as redis_py
 import scipy.sparse as sp
 
+from benchmarks.arguments import at_least, bench_parser
 from consumer.hits_query import HitsQuery, collect_subgraph, run_hits
 from consumer.text_index import index_text
 from ranker.pagerank import pagerank
@@ -171,11 +171,12 @@ def bench_size(client: redis_py.Redis, prefix: str, target: int, queries: int,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pages", type=int, default=1_000_000)
+    parser = bench_parser("python -m benchmarks.bench_hits", __doc__.splitlines()[0])
+    parser.add_argument("--pages", type=at_least(1_000), default=1_000_000)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--queries", type=int, default=40, help="timed queries per base size")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000])
+    parser.add_argument("--queries", type=at_least(1), default=40,
+                        help="timed queries per base size")
+    parser.add_argument("--sizes", type=at_least(1), nargs="+", default=[1000, 5000])
     parser.add_argument("--prefix", default="bench:hits:")
     parser.add_argument("--keep", action="store_true", help="leave the graph in Redis")
     parser.add_argument("--reuse", action="store_true", help="reuse a kept graph if it matches")

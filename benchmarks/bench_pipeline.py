@@ -42,7 +42,6 @@ that rate; end to end >= 0.5 x the bare redis-py floor.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -60,6 +59,7 @@ from typing import Any
 import numpy as np
 import redis as redis_py
 
+from benchmarks.arguments import at_least, bench_parser, positive
 from benchmarks.pipeline_load import LoadProducer, encode_stream, produce_all, with_ts
 from consumer.graph_write import GraphWrite, commit_graph, group_members
 from consumer.kafka_source import (
@@ -359,13 +359,13 @@ def publication_stats(log_path: str) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=100_000,
+    parser = bench_parser("python -m benchmarks.bench_pipeline", __doc__.splitlines()[0])
+    parser.add_argument("--events", type=at_least(1), default=100_000,
                         help="page events pre-filled for the throughput run (full: 1000000)")
-    parser.add_argument("--latency-events", type=int, default=None,
+    parser.add_argument("--latency-events", type=at_least(1), default=None,
                         help="events of the latency phase (default: rate x --latency-seconds)")
-    parser.add_argument("--latency-seconds", type=float, default=20.0)
-    parser.add_argument("--rate", type=float, default=None,
+    parser.add_argument("--latency-seconds", type=positive, default=20.0)
+    parser.add_argument("--rate", type=positive, default=None,
                         help="latency phase rate in link changes/s (default: half the measured "
                              "throughput, at most half the 100k target)")
     parser.add_argument("--seed", type=int, default=1)

@@ -28,6 +28,7 @@ class Row:
     errors: list[float] = field(default_factory=list)
     errors_c: list[float] = field(default_factory=list)
     certified: list[float] = field(default_factory=list)
+    fresh_c: list[bool] = field(default_factory=list)  # incr-c's reports said fresh
     pushes: list[int] = field(default_factory=list)
     moved: list[int] = field(default_factory=list)
     setting: float = float("nan")
@@ -75,6 +76,12 @@ def over_accuracy(row: Row) -> list[str]:
             if errors and max(errors) > row.accuracy]
 
 
+def uncertified(row: Row) -> bool:
+    """Whether an incr-c refresh of ``row`` ended without certifying the accuracy:
+    not fresh, or a per-page bound over it. Its timing would not be a certified one."""
+    return not all(row.fresh_c) or (bool(row.certified) and max(row.certified) > row.accuracy)
+
+
 def format_row(row: Row) -> str:
     inc = statistics.median(row.inc)
     inc_c = statistics.median(row.inc_c)
@@ -98,8 +105,10 @@ def row_details(row: Row) -> str:
 
 
 def crossover(rows: Sequence[Row], graph: str, algorithm: str) -> str:
-    """Smallest batch at which the incremental refresh is not faster than a cold solve."""
-    mine = [r for r in rows if r.graph == graph and r.algorithm == algorithm]
+    """Smallest batch at which the incremental refresh is not faster than a cold solve
+    (whatever order the sizes were measured in)."""
+    mine = sorted((r for r in rows if r.graph == graph and r.algorithm == algorithm),
+                  key=lambda r: r.batch)
     for row in mine:
         if statistics.median(row.inc) >= row.cold:
             return f"{row.batch}"

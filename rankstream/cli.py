@@ -52,7 +52,7 @@ def one_line(text: str) -> str:
                    for ch in text)
 
 
-class _OneLineParser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """argparse prints usage plus an error; we print just the error, on one line."""
 
     def error(self, message: str) -> NoReturn:
@@ -61,12 +61,12 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
-    parser = _OneLineParser(
+    parser = OneLineParser(
         prog="rankstream",
         description="Streaming PageRank, Weighted PageRank and HITS: link events from Kafka, "
         "live scores in Redis.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
     wanted = next((a for a in argv if not a.startswith("-")), None)
     for name, (module_name, help_text) in COMMANDS.items():
