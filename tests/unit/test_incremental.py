@@ -227,6 +227,24 @@ def test_owed_wpr_re_weighs_give_the_same_guarantee(
 
 @SETTINGS
 @given(size=st.integers(5, 12), edges=pairs, batches=st.lists(steps, min_size=1, max_size=4),
+       refresh_every=st.integers(1, 2), owed=st.booleans())
+def test_wpr_column_re_weighs_give_the_same_guarantee(
+        size: int, edges: list[tuple[int, int]], batches: list[Step], refresh_every: int,
+        owed: bool) -> None:
+    # Graphs this small re-weigh more than FULL_RESIDUAL_SHARE of their links in
+    # nearly every WPR batch, which then recomputes the residual whole: the update of
+    # the rows {u} + B(u) + B(v) alone ran in few examples, and a mutant leaving B(u)
+    # out passed them all. Here every batch takes it, over a base graph whose pages
+    # link to several others (a changed O[u] or I[v] then moves shares in a column).
+    ring = [(i, (i + k) % size) for i in range(size) for k in (1, 2, 4)]
+    with mock.patch.object(residual, "FULL_RESIDUAL_SHARE", np.inf), \
+            mock.patch.object(residual, "OWED_SHARE", np.inf if owed else 0.45):
+        run_scenario(size, ring + edges, batches, refresh_every=refresh_every,
+                     tolerance=1e-8, algorithms=("wpr",))
+
+
+@SETTINGS
+@given(size=st.integers(5, 12), edges=pairs, batches=st.lists(steps, min_size=1, max_size=4),
        ring=st.booleans(), owed=st.booleans(), max_sweeps=st.sampled_from([None, 0.5]))
 def test_two_thread_sweeps_give_the_same_guarantee(
         size: int, edges: list[tuple[int, int]], batches: list[Step], ring: bool,
