@@ -104,6 +104,10 @@ class ConsumerService:
         self.source: KafkaSource | None = None
         self.dlq: DeadLetterSender | None = None
         self._holding = False  # status is written only while we hold the lease
+        # The thread that runs the loop, the only one that may call the Kafka consumer
+        # (kafka-python's is not thread-safe): status written from the writer threads
+        # (a retry's "waiting") shows the lag as last measured there.
+        self._loop_thread = threading.get_ident()
         self._lock_tried = False
         # Graph transactions run on one writer thread (in order) while the main thread
         # decodes the next batch.
@@ -192,6 +196,7 @@ class ConsumerService:
         # A timer, not a check between steps: a consumer blocked in retries (no broker
         # at start, Redis down mid-run) never got back to the loop, and ran on past
         # --max-seconds. The stop request bounds every retry by the stop grace.
+        self._loop_thread = threading.get_ident()
         deadline = None
         if self.options.max_seconds is not None:
             deadline = threading.Timer(self.options.max_seconds, self.request_stop,
@@ -472,7 +477,8 @@ class ConsumerService:
 
     def _status_fields(self) -> dict[str, str]:
         mirror = self.mirror
-        if self.source is not None and mirror is not None:
+        if (self.source is not None and mirror is not None
+                and threading.get_ident() == self._loop_thread):
             self.stats.lag = lag_by_partition(self.source.highwaters(),
                                               self.source.positions(mirror.offsets))
         return self.stats.status_fields(topic=self.settings.topic,

@@ -715,3 +715,35 @@ def test_a_dropped_connection_while_checking_for_foreign_writes_is_retried():
 
     assert recovery.fenced("committing the graph", commit) == "committed"
     assert not LapsedLease.suspended.is_set()
+
+
+def test_status_written_from_a_writer_thread_leaves_the_kafka_consumer_alone(monkeypatch):
+    """A retry on the graph-writer thread writes "waiting" with the status fields,
+    which read the lag from kafka-python's consumer while the loop polled it."""
+    from consumer.options import ConsumeOptions
+    from consumer.service import ConsumerService
+    from rankstream.settings import Settings
+
+    monkeypatch.setenv("RANKSTREAM_REDIS_URL", "redis://127.0.0.1:1/0")
+    service = ConsumerService(Settings(), ConsumeOptions())
+    calls = []
+
+    class Source:
+        def highwaters(self):
+            calls.append(threading.get_ident())
+            return {0: 10}
+
+        def positions(self, offsets):
+            return {0: 4}
+
+    class Mirror:
+        offsets: dict[int, int] = {0: 4}
+        counters = None
+
+    service.source, service.mirror = Source(), Mirror()  # type: ignore[assignment]
+    writer = threading.Thread(target=service._status_fields)
+    writer.start()
+    writer.join()
+    assert calls == [] and service.stats.lag == {}
+    service._status_fields()
+    assert calls == [threading.get_ident()] and service.stats.lag == {0: 6}
