@@ -21,6 +21,12 @@ import scipy.sparse as sp
 
 Edge = tuple[int, int]
 
+# How far a value may be from a test vector printed to 6 (8) decimals and still round
+# to it: half a unit of the last digit, plus room for the solver's own 1e-10. A whole
+# unit, as before, let through values that do not round to the printed digits.
+ROUNDED_6 = 5e-7 + 1e-10
+ROUNDED_8 = 5e-9 + 1e-10
+
 
 def _live_links(
     num_nodes: int, edges: Iterable[Sequence[float]], alive: Sequence[bool] | np.ndarray | None

@@ -737,8 +737,8 @@ def test_status_written_from_a_writer_thread_leaves_the_kafka_consumer_alone(mon
             return {0: 4}
 
     class Mirror:
-        offsets: dict[int, int] = {0: 4}
-        counters = None
+        def __init__(self):
+            self.offsets, self.counters = {0: 4}, None
 
     service.source, service.mirror = Source(), Mirror()  # type: ignore[assignment]
     writer = threading.Thread(target=service._status_fields)
