@@ -266,6 +266,34 @@ def stored_graph(client: redis_py.Redis, settings: Settings
     return edges, {u for i, u in enumerate(urls) if i not in dead}
 
 
+def index_problems(client: redis_py.Redis, settings: Settings) -> list[str]:
+    """What :func:`stored_graph` does not read back: the in-link sets (HITS reads them)
+    must be the transpose of the out-link sets, and ``page:id`` the inverse of
+    ``page:url``. A replay or crash bug could leave either inconsistent unseen."""
+    keys = Keys(settings.key_prefix)
+    stored = load_stored(client, keys, settings.topic)
+    out_pairs = set(zip(stored.edge_src.tolist(), stored.edge_dst.tolist(), strict=True))
+    head = keys.in_head.encode()
+    names = [name for name in client.scan_iter(match=f"{keys.in_head}*", count=1000)
+             if name[len(head):].isdigit()]
+    with client.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.smembers(name)
+        members: list[Any] = pipe.execute()
+    in_pairs = {(int(src), int(name[len(head):]))
+                for name, sources in zip(names, members, strict=True) for src in sources}
+    problems = []
+    if in_pairs != out_pairs:
+        problems.append(f"in-link sets differ from the out-link sets' transpose: "
+                        f"{len(in_pairs - out_pairs)} extra, {len(out_pairs - in_pairs)} missing")
+    by_id: Any = client.hgetall(keys.page_url)
+    by_url: Any = client.hgetall(keys.page_id)
+    if {url: page for page, url in by_id.items()} != by_url:
+        problems.append(f"page:id ({len(by_url)} URLs) is not the inverse of page:url "
+                        f"({len(by_id)} ids)")
+    return problems
+
+
 def exact_scores(graph: LinkGraph, algorithm: str, damping: float) -> dict[str, float]:
     """A cold recompute (paper scale) over the live pages, as exact as a static solve
     certifies (ranker.bounds.static_tolerance)."""
@@ -349,6 +377,7 @@ class Audit:
     score_error: dict[str, float]  # L1 vs the cold recompute, relative to sum(y)
     score_bound: dict[str, float]  # the published certified bound, relative to sum(y)
     fresh: dict[str, bool]
+    tolerance: float = 0.0  # settings.tolerance, relative to sum(y)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -413,8 +442,9 @@ def audit(client: redis_py.Redis, settings: Settings, log: Sequence[Message]) ->
         meta_versions=meta_versions, graph_version=counters.get("version", 0),
         group_offsets=group, dlq_unique=len(unique), dlq_expected=len(expected.invalid),
         dlq_resent=len(letters) - len(unique), dlq_reasons_ok=reasons_ok,
-        score_error=error, score_bound=bound, fresh=fresh)
+        score_error=error, score_bound=bound, fresh=fresh, tolerance=settings.tolerance)
     _find_problems(result, expected, unique)
+    result.problems.extend(index_problems(client, settings))
     return result
 
 
@@ -442,6 +472,14 @@ def _find_problems(result: Audit, expected: Expected,
         if result.score_error[algorithm] > result.score_bound[algorithm] + 1e-9:
             p.append(f"{algorithm}: L1 error {result.score_error[algorithm]:.3g} > "
                      f"bound {result.score_bound[algorithm]:.3g} (relative)")
+        # Fresh means within the tolerance: a loose bound the consumer itself called
+        # fresh passed the check above.
+        if result.fresh[algorithm] and (
+                result.score_bound[algorithm] > result.tolerance * (1 + 1e-9)
+                or result.score_error[algorithm] > result.tolerance + 1e-9):
+            p.append(f"{algorithm}: fresh with bound {result.score_bound[algorithm]:.3g} "
+                     f"and error {result.score_error[algorithm]:.3g} against the tolerance "
+                     f"{result.tolerance:.3g}")
     if result.group_offsets != result.offsets:
         p.append(f"Kafka group offsets {result.group_offsets} != P offsets {result.offsets}")
     if result.dlq_unique != result.dlq_expected:

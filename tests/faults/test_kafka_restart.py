@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rankstream.services import kill_kafka, restart_kafka, start_kafka
+from rankstream.services import kafka_pid, kill_kafka, restart_kafka, start_kafka
 from tests.faults.harness import Probe, Replayer, audit, build_log
 from tests.faults.stack import FaultStack, consumers, wait_for
 from tests.faults.summary import record
@@ -29,11 +29,14 @@ def test_kafka_broker_restarted_and_killed_mid_stream(fault_stack: FaultStack,
         proc = spawn()
         for action in ("restart", "kill"):
             wait_for(lambda: probe.consumed() > 0, 60, "progress before the fault")
+            old_pid = kafka_pid(fault_stack.kafka)
             if action == "restart":  # controlled shutdown, then start
                 restart_kafka(fault_stack.kafka, timeout=180.0)
             else:  # a crash: no controlled shutdown, unflushed segments recovered
                 kill_kafka(fault_stack.kafka)
                 start_kafka(fault_stack.kafka, timeout=180.0)
+            # The fault happened: a lookup that found no broker made both no-ops.
+            assert old_pid is not None and kafka_pid(fault_stack.kafka) not in (None, old_pid)
             before = probe.consumed()
             recoveries.append(wait_for(probe.beyond(before), 120,
                                        f"progress after the broker {action}"))

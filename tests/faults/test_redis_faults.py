@@ -10,13 +10,14 @@ import json
 import time
 from pathlib import Path
 
-from rankstream.services import frozen_redis, kill_redis, start_redis, stop_redis
+from rankstream.services import frozen_redis, kill_redis, redis_pid, start_redis, stop_redis
 from tests.faults.harness import Probe, Replayer, audit, build_log
 from tests.faults.stack import ConsumerProcess, FaultStack, consumers, wait_for
 from tests.faults.summary import record
 
 FREEZE_SECONDS = 30.0
 UNREACHABLE_SECONDS = 5.0
+LEASE_MS = 10_000  # the frozen scenario's consumer lease
 # A waiting consumer sleeps in socket reads and backoff; 5% of one core is generous.
 MAX_CPU_SHARE_WHILE_FROZEN = 0.05
 
@@ -46,6 +47,7 @@ def test_redis_restarted_killed_and_unreachable_mid_stream(fault_stack: FaultSta
     def fault_then_recover(action: str, proc: ConsumerProcess) -> None:
         wait_for(lambda: probe.consumed() > 0, 60, "progress before the fault")
         before = probe.consumed()
+        old_pid = redis_pid(server)
         if action == "restart":  # SIGTERM: Redis fsyncs the AOF and exits cleanly
             stop_redis(server)
             start_redis(server)
@@ -58,6 +60,8 @@ def test_redis_restarted_killed_and_unreachable_mid_stream(fault_stack: FaultSta
         else:  # SIGKILL: AOF loses at most what the kernel had not received
             kill_redis(server)
             start_redis(server)
+        # The fault happened: a lookup that found no server would make each a no-op.
+        assert old_pid is not None and redis_pid(server) not in (None, old_pid), action
         recoveries.append(wait_for(lambda: probe.consumed() > before, 60,
                                    f"progress after the Redis {action}"))
 
@@ -96,7 +100,9 @@ def test_redis_frozen_for_30_seconds(fault_stack: FaultStack, tmp_path: Path) ->
     # The replay spans the freeze, so the consumer has work it cannot commit.
     replayer = Replayer(settings, log, rate=1200 / (FREEZE_SECONDS + 10)).start()
     with consumers(settings, tmp_path) as spawn:
-        proc = spawn()
+        # A lease shorter than the freeze: it lapses meanwhile, so the thaw goes through
+        # the fencing path (the default 30 s lease lapsed or not by chance).
+        proc = spawn("--lock-ttl-ms", str(LEASE_MS))
         wait_for(lambda: probe.consumed() > 100, 60, "progress before the freeze")
         cpu_before = proc.cpu_seconds()
         with frozen_redis(fault_stack.redis):
@@ -115,10 +121,11 @@ def test_redis_frozen_for_30_seconds(fault_stack: FaultStack, tmp_path: Path) ->
     retaken = any(str(line.get("msg", "")).startswith("lease re-taken")
                   for line in log_lines(proc.output()))
     assert share < MAX_CPU_SHARE_WHILE_FROZEN, f"consumer used {cpu:.2f} s CPU while frozen"
+    assert retaken, "the lease outlived the freeze: the fencing path was not exercised"
     result = audit(client, settings, log)
     client.close()
     record("Redis frozen (SIGSTOP) 30 s", faults=1, result=result, recoveries=[recovery],
            note=f"consumer CPU while frozen: {cpu:.3f} s in {frozen_for:.0f} s "
-                f"({100 * share:.2f}% of a core); lease expired meanwhile: "
-                f"{'re-taken' if retaken else 'still held'}")
+                f"({100 * share:.2f}% of a core); the {LEASE_MS / 1000:.0f} s lease "
+                f"expired meanwhile and was re-taken")
     result.check()

@@ -46,6 +46,8 @@ def test_second_consumer_refuses_and_a_stalled_first_one_is_fenced(
         refusal = second.output()
         assert "refusing to start" in refusal and f"pid {first.pid}" in refusal, refusal
         assert first.alive() and probe.graph_version() >= version
+        # Nor did it write the status (the lease holder's alone) before refusing.
+        assert client.hget(probe.keys.status, "pid") == str(first.pid).encode()
 
         # 2. The first stalls past its lease; a third consumer takes over.
         os.kill(first.pid, signal.SIGSTOP)
