@@ -5,8 +5,8 @@ The decisions (see also docs/redis-keys.md):
 * Redis errors around a transaction: the identical write is retried with bounded
   exponential backoff (0.1 s doubling to 5 s, with jitter; never a hot loop).
   The write is idempotent, so a retry after an EXEC that did commit is harmless.
-  Nothing is published meanwhile, and the batch in flight is the only one the
-  mirror holds beyond Redis.
+  Nothing is published meanwhile, and the mirror holds at most two batches beyond
+  Redis: the one in flight and the one planned beside it.
 * Lease lost (frozen past its TTL): if the lease is free we take it again; if
   Redis shows that nobody wrote in between (same graph version and offsets) we
   carry on, otherwise the batch is dropped, the mirror (which may already hold

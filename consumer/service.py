@@ -198,7 +198,9 @@ class ConsumerService:
         # --max-seconds. The stop request bounds every retry by the stop grace.
         self._loop_thread = threading.get_ident()
         deadline = None
-        if self.options.max_seconds is not None:
+        # inf (or past what a timer can wait) is no limit, as before the timer.
+        if (self.options.max_seconds is not None
+                and self.options.max_seconds <= threading.TIMEOUT_MAX):
             deadline = threading.Timer(self.options.max_seconds, self.request_stop,
                                        ("max-seconds",))
             deadline.daemon = True

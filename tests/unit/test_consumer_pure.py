@@ -747,3 +747,27 @@ def test_status_written_from_a_writer_thread_leaves_the_kafka_consumer_alone(mon
     assert calls == [] and service.stats.lag == {}
     service._status_fields()
     assert calls == [threading.get_ident()] and service.stats.lag == {0: 6}
+
+
+def test_max_seconds_past_what_a_timer_can_wait_is_no_limit_not_a_traceback(monkeypatch):
+    """--max-seconds inf reached threading.Timer, whose thread died with an
+    OverflowError traceback (and left no limit)."""
+    import consumer.service as service_module
+    from consumer.options import ConsumeOptions
+    from consumer.service import ConsumerService
+    from rankstream.settings import Settings
+
+    monkeypatch.setenv("RANKSTREAM_REDIS_URL", "redis://127.0.0.1:1/0")
+    timers = []
+    monkeypatch.setattr(service_module.threading, "Timer",
+                        lambda *args, **kwargs: timers.append(args))
+    service = ConsumerService(Settings(), ConsumeOptions(max_seconds=float("inf")))
+
+    def no_redis(*args, **kwargs):
+        raise ServiceUnavailable("redis unavailable")
+
+    service.recovery.wait_for_redis = no_redis
+    service.shutdown = lambda: None
+    with pytest.raises(ServiceUnavailable):
+        service.run()
+    assert timers == []
