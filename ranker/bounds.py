@@ -82,11 +82,13 @@ def rounding_drift(damping: float, y_mass: float) -> float:
 
     A push ``y[m] += r[m]`` rounds ``y[m]`` by up to ``EPS * |y[m]|``, which changes
     the true residual by up to ``(1 + d)`` times that, while the kept ``r`` assumes the
-    exact sum; ``y_mass`` is the sum of ``|y[m]|`` over the pushes. The kept residual's
-    own additions round relative to ``|r|``, which shrinks as a refresh converges:
-    not counted. Certificates divide this by ``1 - d`` too: near d = 1, with many
-    sweeps, it outgrows the tolerance (d = 0.9999, 794 sweeps: a relative bound of
-    9.9e-13 called fresh where the exactly recomputed one was 1.9e-10).
+    exact sum; ``y_mass`` is the sum of ``|y[m]|`` over the pushes. The pushes'
+    additions to the kept residual round relative to ``|r|``, which shrinks as a
+    refresh converges: not counted (a batch's column updates, which need not shrink,
+    are: :data:`ranker._column_kernels.ROUNDED_PRODUCTS`). Certificates divide this by
+    ``1 - d`` too: near d = 1, with many sweeps, it outgrows the tolerance (d = 0.9999,
+    794 sweeps: a relative bound of 9.9e-13 called fresh where the exactly recomputed
+    one was 1.9e-10).
     """
     return (1.0 + damping) * EPS * y_mass
 
@@ -103,17 +105,20 @@ def probability_bound(paper_bound: float, total: float) -> float:
     return min(2.0, 2.0 * paper_bound / (total - paper_bound))
 
 
-def max_abs_bound(peak: float, y_max: float, damping: float) -> float:
+def max_abs_bound(peak: float, y_max: float, damping: float, unseen: float = 0.0) -> float:
     """Certified ``max |y_exact - y|`` from ``max |r| = peak``.
 
     ``|e| <= G |r| <= peak * G 1`` with ``G 1 = y_exact / (1 - d)`` on live pages (1
-    on dead ones), and ``max y_exact <= y_max + E``; solving ``E <= rho * (y_max + E)``
-    for E.
+    on dead ones), and ``max y_exact <= y_max + E``. ``unseen`` is the L1 rounding
+    the kept ``r`` may hide: no entry of ``G = (I - d*M)^-1`` exceeds ``1 / (1 - d)``,
+    so it adds at most ``unseen / (1 - d)`` to any page. Solving
+    ``E <= rho * (y_max + E) + unseen / (1 - d)`` for E (the unseen term is divided by
+    ``1 - rho`` too: adding it after the division, as before, came out short).
     """
     rho = peak / (1.0 - damping)
     if rho >= 1.0:
         return float(np.inf)
-    return rho * max(y_max, 1.0 - damping) / (1.0 - rho)
+    return (rho * max(y_max, 1.0 - damping) + unseen / (1.0 - damping)) / (1.0 - rho)
 
 
 def push_thresholds(*, tolerance: float, damping: float, total: float, y_max: float,
@@ -138,7 +143,8 @@ def push_thresholds(*, tolerance: float, damping: float, total: float, y_max: fl
     floor = free / live_count
     eps = min(max(floor * eps_scale, floor), free)
     if max_error is not None:
-        cap = max((1.0 - DRIFT_SHARE) * max_error - unseen / (1.0 - d),
-                  DRIFT_SHARE * max_error)
-        eps = min(eps, cap * (1.0 - d) / (max(y_max, 1.0 - d) + cap))
+        seen = unseen / (1.0 - d)
+        cap = max((1.0 - DRIFT_SHARE) * max_error - seen, DRIFT_SHARE * max_error)
+        # max_abs_bound(eps, y_max, d, unseen) <= cap + seen where cap is not floored.
+        eps = min(eps, cap * (1.0 - d) / (max(y_max, 1.0 - d) + cap + seen))
     return target, eps

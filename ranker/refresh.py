@@ -336,7 +336,7 @@ class Refresh:
         to any page's error."""
         e = self.engine
         unseen = drift + e.residual_error
-        per_page = max_abs_bound(self.peak, self.y_max, e.damping) + unseen / (1.0 - e.damping)
+        per_page = max_abs_bound(self.peak, self.y_max, e.damping, unseen)
         return self.l1 + unseen <= self.target and per_page <= e.error_cap
 
     def recompute_exactly(self) -> None:
@@ -375,7 +375,7 @@ class Refresh:
         # rounding of r's last computation from scratch.
         unseen = e.drift + e.residual_error
         e.bound = (self.l1 + unseen) / (1.0 - d)
-        max_abs = min(max_abs_bound(self.peak, self.y_max, d) + unseen / (1.0 - d), e.bound)
+        max_abs = min(max_abs_bound(self.peak, self.y_max, d, unseen), e.bound)
         # The bound, drift included, not l1: a warm start of 1e20 cancelled to a zero
         # kept residual and a negative total, with everything in the drift, and was
         # called fresh.

@@ -115,8 +115,9 @@ class ResidualEngine:
         self.qstate = np.zeros(K.QSTATE_SLOTS, dtype=np.int64)
         self.l1 = 0.0  # running ||r||_1, exact after every refresh
         # How far r may have drifted from b + d*M*y - y by rounding since it was last
-        # recomputed (ranker.bounds.rounding_drift); a refresh recomputes r before
-        # calling y fresh if that could matter.
+        # recomputed: the pushes' (ranker.bounds.rounding_drift) and the batches' column
+        # updates' (ranker._column_kernels); a refresh recomputes r before calling y
+        # fresh if that could matter.
         self.drift = 0.0
         # How far r may be from b + d*M*y - y by the rounding of its last computation
         # from scratch (full_residual_pull's, and pull_pages' since): certificates add
@@ -278,13 +279,14 @@ class ResidualEngine:
                                self.so)
                 CK.set_factors(changed, g.in_len, g.out_len, self.factor)
                 self._add_columns(sources, 1.0)
-                work, dl1 = CK.wpr_reweigh_columns(
+                work, dl1, rounding = CK.wpr_reweigh_columns(
                     cols, self.is_source, changed, self.prev_in, self.prev_out,
                     self.has_prev, self.damping, self.y, self.r, g.out_start, g.out_len,
                     g.out_nbr, g.in_start, g.in_len, g.in_nbr, self.factor, self.si, self.so,
                     self.queue, self.qstate, self.inq)
                 self.pending_work += work
                 self.l1 += dl1
+                self.drift += rounding
                 self.is_source[sources] = False
                 self.has_prev[changed] = False
         else:
@@ -387,10 +389,12 @@ class ResidualEngine:
         K.touch_pages(removed[live[removed]], self.touched, self.qstate, self.is_touched)
 
     def _add_columns(self, cols: np.ndarray, sign: float) -> None:
-        work, dl1 = CK.add_columns(self.kind, cols, sign, self.damping, self.y, self.r,
-                                   *self.arrays(), self.queue, self.qstate, self.inq)
+        work, dl1, rounding = CK.add_columns(self.kind, cols, sign, self.damping, self.y,
+                                             self.r, *self.arrays(), self.queue, self.qstate,
+                                             self.inq)
         self.pending_work += work
         self.l1 += dl1
+        self.drift += rounding  # the certificates add it (ranker._column_kernels)
         if self.mode is not None:
             self.mode.shift_columns(cols, sign)
 
