@@ -40,6 +40,15 @@ from producer.schema import DEFAULT_LIMITS
 from rankstream.errors import ServiceError, ServiceUnavailable
 
 
+def bare_sender(producer: object) -> DeadLetterSender:
+    """A DeadLetterSender over a stand-in for KafkaProducer's send/flush (no broker)."""
+    sender = DeadLetterSender.__new__(DeadLetterSender)
+    sender.topic, sender.source_topic, sender.max_value_bytes = "dlq", "events", 1 << 20
+    sender._delivered, sender._in_flight = set(), {}
+    sender._producer = producer
+    return sender
+
+
 def test_holder_round_trips_and_tolerates_garbage():
     holder = Holder("box", 42, "2026-01-01T00:00:00+00:00", "abc")
     assert Holder.decode(holder.encode()) == holder
@@ -174,10 +183,7 @@ def test_a_retried_dead_letter_send_sends_only_the_letters_not_yet_confirmed():
         def flush(self, timeout=None):
             pass
 
-    sender = DeadLetterSender.__new__(DeadLetterSender)
-    sender.topic, sender.source_topic, sender.max_value_bytes = "dlq", "events", 1 << 20
-    sender._delivered, sender._in_flight = set(), {}
-    sender._producer = producer = OnePartitionDown()
+    sender = bare_sender(producer := OnePartitionDown())
     letters = [DeadLetter(Record(0, offset, b"k", b"x", 0), "bad") for offset in range(3)]
     for _ in range(2):
         with pytest.raises(ServiceUnavailable):
@@ -218,10 +224,7 @@ def test_letters_still_queued_when_the_flush_times_out_are_waited_for_not_resent
             if any(not d.is_done for d in self.queued):
                 raise KafkaTimeoutError("Timeout waiting for future")
 
-    sender = DeadLetterSender.__new__(DeadLetterSender)
-    sender.topic, sender.source_topic, sender.max_value_bytes = "dlq", "events", 1 << 20
-    sender._delivered, sender._in_flight = set(), {}
-    sender._producer = producer = LeaderlessPartition()
+    sender = bare_sender(producer := LeaderlessPartition())
     letters = [DeadLetter(Record(0, offset, b"k", b"x", 0), "bad") for offset in range(4)]
     for _ in range(2):
         with pytest.raises(ServiceUnavailable, match="still queued"):
@@ -458,9 +461,7 @@ def test_a_keyless_tombstone_is_dead_lettered_with_an_empty_value_and_a_header()
             sent.append((value, dict(headers)))
             return None
 
-    sender = DeadLetterSender.__new__(DeadLetterSender)
-    sender.topic, sender.source_topic, sender.max_value_bytes = "dlq", "events", 1 << 20
-    sender._producer = Producer()
+    sender = bare_sender(Producer())
     sender._send_one(DeadLetter(Record(0, 5, None, None, 0), "empty message: a tombstone"))
     [(value, headers)] = sent
     assert value == b"" and headers["tombstone"] == b"1"
