@@ -215,6 +215,23 @@ class Probe:
         raw = self.client.hget(self.keys.graph, "version")
         return int(raw) if raw else 0
 
+    def published_ahead(self) -> dict[str, int]:
+        """The algorithms whose published ``version`` is ahead of the committed graph's:
+        scores published for a batch whose transaction had not committed (or never
+        did). Empty when all is well. No MULTI (the kill scenario's MONITOR would take
+        it for a consumer's transaction): the metas are read before the graph, in one
+        round trip Redis runs in order, and versions only grow, so a meta ahead of the
+        graph read after it was ahead at the time."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for algorithm in ALGORITHMS:
+                pipe.hget(self.keys.meta(algorithm), "version")
+            pipe.hget(self.keys.graph, "version")
+            *published, graph = pipe.execute()
+        committed = int(graph) if graph else 0
+        return {algorithm: int(raw)
+                for algorithm, raw in zip(ALGORITHMS, published, strict=True)
+                if raw and int(raw) > committed}
+
     def caught_up(self, total: int) -> bool:
         """All ``total`` messages committed and the scores published for that graph."""
         return (self.consumed() >= total

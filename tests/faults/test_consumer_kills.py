@@ -44,11 +44,15 @@ REQUIRED = ("graph transaction in flight", "publication in flight", "aborted")
 
 
 class ProgressLog:
-    """Samples ``P offsets`` every 20 ms from a thread, to time each recovery."""
+    """Samples ``P offsets`` every 20 ms from a thread, to time each recovery, and
+    whether a publication ever got ahead of the committed graph (kills land between a
+    batch's absorb and its commit: the end state alone would not show it)."""
 
     def __init__(self, probe: Probe) -> None:
         self.probe = probe
         self.samples: list[tuple[float, int]] = []
+        self.ahead: list[dict[str, int]] = []
+        self.checked = 0  # samples whose versions were read (a frozen Redis times out)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
         self._thread.start()
@@ -57,6 +61,10 @@ class ProgressLog:
         while not self._stop.wait(0.02):
             try:
                 self.samples.append((time.monotonic(), self.probe.consumed()))
+                ahead = self.probe.published_ahead()
+                self.checked += 1
+                if ahead:
+                    self.ahead.append(ahead)
             except Exception:  # a frozen Redis times out: keep sampling
                 continue
 
@@ -159,5 +167,7 @@ def test_sigkill_at_random_points(fault_stack: FaultStack, tmp_path: Path) -> No
     row = record("SIGKILL consumer at random points", faults=kills, result=result,
                  recoveries=recoveries, note=f"{kills} kills: {breakdown}")
     assert covered(classes), f"kill classes not all hit: {breakdown}"
+    assert progress.checked > 100 and not progress.ahead, \
+        f"published ahead of the committed graph: {progress.ahead[:3]}"
     result.check()
     assert row.links_lost == 0 and row.duplicates == 0
