@@ -48,6 +48,20 @@ def test_matches_networkx_on_connected_random_graphs(seed: int) -> None:
     )
 
 
+@pytest.mark.parametrize(("num_nodes", "edges"), [
+    (3, FIG2_EDGES), (6, [(a - 1, b - 1) for a, b in NX_EDGES]),
+    (4, [(0, 1), (1, 2), (2, 3), (3, 0)]),  # a cycle: every page alike
+])
+@pytest.mark.parametrize("normalize", ["l2", "sum"])
+def test_fixed_graphs_match_reference(num_nodes: int, edges: list[tuple[int, int]],
+                                      normalize: str) -> None:
+    result = hits(adjacency_matrix(num_nodes, edges), normalize=normalize,  # type: ignore[arg-type]
+                  tol=1e-12, max_iter=100_000)
+    hubs, authorities = reference_hits(num_nodes, edges, normalize=normalize, tol=1e-14)
+    np.testing.assert_allclose(result.hubs, hubs, atol=1e-9)
+    np.testing.assert_allclose(result.authorities, authorities, atol=1e-9)
+
+
 @pytest.mark.parametrize("kind", ["gnp", "scale_free"])
 @pytest.mark.parametrize("normalize", ["l2", "sum"])
 def test_weighted_random_graphs_match_reference(kind: str, normalize: str) -> None:
