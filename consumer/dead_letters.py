@@ -135,20 +135,20 @@ class DeadLetterSender:
                 future = self._in_flight.get(key)
                 if future is None:
                     future = self._in_flight[key] = send(letter)
-                futures.append((letter, future))
+                futures.append((letter, key, future))
             # A partition without a leader keeps its letters queued (up to the
             # producer's delivery timeout): the futures say which others went.
             with contextlib.suppress(KafkaTimeoutError):
                 self._producer.flush(timeout=FLUSH_TIMEOUT_S)
         refused: list[DeadLetter] = []
         failed: tuple[DeadLetter, Exception] | None = None
-        for letter, future in futures:  # every future: the delivered ones are not resent
+        for letter, key, future in futures:  # every future: the delivered are not resent
             if not future.is_done:
                 if failed is None:
                     failed = (letter, KafkaTimeoutError(
                         f"still queued after {FLUSH_TIMEOUT_S:.0f} s"))
                 continue
-            del self._in_flight[(stubs, *_where(letter))]
+            del self._in_flight[key]
             try:
                 future.get(timeout=0)
                 self._delivered.add(_where(letter))

@@ -29,6 +29,12 @@ def is_fresh(report_fresh: bool, bound: float, tolerance: float, total: float) -
             and bound <= tolerance * total and relative_bound(bound, total) <= tolerance)
 
 
+def names_publication(raw: Any, publication_id: str) -> bool:
+    """Whether a meta ``publication`` field as read from Redis (bytes or None) is
+    ``publication_id``; bytes that are not UTF-8 (not ours) name none, not a crash."""
+    return raw is not None and raw.decode("utf-8", "replace") == publication_id
+
+
 def relative_bound(bound: float, total: float) -> float:
     """The bound as a share of sum(y), as published: 0 for an empty, exact vector."""
     return bound / total if total > 0 else (0.0 if bound == 0 else float("inf"))

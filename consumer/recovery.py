@@ -216,9 +216,9 @@ class Recovery:
         version, offsets = self.committed
         ours = {k: str(v) for k, v in offsets.items()}
         raw: dict[bytes, bytes] = dict(stored_offsets)
-        stored = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
-                  for k, v in raw.items()
-                  if k.decode("utf-8", "replace").rpartition(":")[0] == self.topic}
+        fields = ((k.decode("utf-8", "replace"), v.decode("utf-8", "replace"))
+                  for k, v in raw.items())
+        stored = {k: v for k, v in fields if k.rpartition(":")[0] == self.topic}
         if int(stored_version or 0) == version and stored == ours:
             log.warning("lease re-taken; nobody wrote meanwhile, continuing")
             suspended.clear()

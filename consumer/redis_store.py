@@ -92,11 +92,9 @@ def redis_errors(what: str) -> Iterator[None]:
         raise ServiceError(f"redis refused our credentials while {what}: {exc}") from exc
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise ServiceUnavailable(f"redis unavailable while {what}: {exc}") from exc
-    except redis.ResponseError as exc:
+    except redis.RedisError as exc:
         if transient_refusal(exc):  # out of memory, read-only replica...: retried
             raise ServiceUnavailable(f"redis refused for now while {what}: {exc}") from exc
-        raise ServiceError(f"redis error while {what}: {exc}") from exc
-    except redis.RedisError as exc:
         raise ServiceError(f"redis error while {what}: {exc}") from exc
 
 

@@ -72,7 +72,15 @@ import numpy as np
 import redis
 
 from consumer.keys import ALGORITHMS, Keys
-from consumer.publication import Chunk, Command, Publication, Published, is_fresh, meta_fields
+from consumer.publication import (
+    Chunk,
+    Command,
+    Publication,
+    Published,
+    is_fresh,
+    meta_fields,
+    names_publication,
+)
 from consumer.redis_store import redis_errors
 from consumer.resp import command, send_commands
 from consumer.score_plan import ZsetRecord, plan_writes
@@ -353,8 +361,7 @@ class ScorePublisher:
     def swapped_already(self, publication: Publication) -> bool:
         """True if meta names ``publication``: its swap committed."""
         done: Any = self.client.hget(publication.meta_key, "publication")
-        return (done is not None
-                and done.decode("utf-8", "replace") == publication.publication_id)
+        return names_publication(done, publication.publication_id)
 
     def send_swap(self, publication: Publication, *, fence: Any | None = None) -> bool:
         """Make the publication visible (:func:`consumer.score_swap.send_swap`). If the

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from consumer.lock import LockLost
-from consumer.publication import Command, Publication
+from consumer.publication import Command, Publication, names_publication
 from consumer.resp import transient_refusal
 from rankstream.errors import ServiceError, ServiceUnavailable
 
@@ -149,16 +149,14 @@ def _send_swap_watched(client: redis.Redis, publication: Publication, fence: Any
             fence.check_in(pipe)
         pipe.watch(publication.meta_key, *[key for key, _ in publication.checks],
                    *[key for key, _ in publication.meta_checks])
-        done: Any = pipe.hget(publication.meta_key, "publication")
-        # Foreign bytes (not UTF-8) name no publication of ours: not a crash.
-        if done is not None and done.decode("utf-8", "replace") == publication.publication_id:
+        if names_publication(pipe.hget(publication.meta_key, "publication"),
+                             publication.publication_id):
             return True
         for key, members in publication.checks:
             if int(pipe.zcard(key)) != members:
                 return False
         for key, expected in publication.meta_checks:
-            named: Any = pipe.hget(key, "publication")
-            if named is None or named.decode("utf-8", "replace") != expected:
+            if not names_publication(pipe.hget(key, "publication"), expected):
                 return False
         pipe.multi()
         for cmd in publication.swap:

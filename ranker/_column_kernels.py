@@ -68,7 +68,7 @@ def add_columns(kind, cols, sign, damping, y, r, out_start, out_len, out_nbr, fa
     ``queue`` is a ring buffer whose size is a power of two larger than the page
     count. Returns ``(work, change of sum |r|, rounding)``, work = link entries
     visited, rounding a bound on ``sum |r - r_exact|`` the updates added
-    (:func:`_update_rounding`).
+    (:data:`ROUNDED_PRODUCTS`).
     """
     work = 0
     dl1 = 0.0
