@@ -1,14 +1,17 @@
-"""SIGKILL of the consumer at random points, at least 20 times in one run.
+"""SIGKILL of the consumer at random points, at least 24 times in one run.
 
-The kills rotate over five kinds. One comes after a random delay from the start
+The kills rotate over six kinds. One comes after a random delay from the start
 of a consumer process (start-up, mirror loading and warm start included); one
 comes at a random moment after the process committed its first batch
-(mid-stream: polling, planning, ranking, Redis calls); three are aimed at the
+(mid-stream: polling, planning, ranking, Redis calls); four are aimed at the
 n-th step of a kind of the process (n random): when MONITOR shows its lease check
 (``GET P lock`` after ``WATCH P lock``), a write into its private score back
-buffer (a pipeline of them follows, then the fenced swap script), or the ``WATCH
-P lock`` that opens a fenced transaction, Redis is frozen (SIGSTOP), the consumer
-is SIGKILLed 0-20 ms later while it waits on Redis, and Redis is thawed. Whatever
+buffer (a pipeline of them follows, then the fenced swap script), the ``WATCH
+P lock`` that opens a fenced transaction, or the swap script's own lease check,
+Redis is frozen (SIGSTOP), the consumer is SIGKILLed 0-20 ms later while it waits
+on Redis, and Redis is thawed. (A script runs whole before MONITOR's copy of its
+commands leaves Redis, so that last kind lands just after a swap, when the
+publication is visible but the process may not have heard so.) Whatever
 bytes of the MULTI/EXEC or of the chunk pipeline had reached Redis then run
 without their client. (Aiming at the lease check alone left the "aborted" class
 to a race: Redis answers the GET before the freeze lands, and a quick client has
@@ -36,7 +39,7 @@ from tests.faults.monitor import RedisMonitor
 from tests.faults.stack import FaultStack, consumers, wait_for
 from tests.faults.summary import record
 
-MIN_KILLS = 20
+MIN_KILLS = 24  # four of each kind
 MAX_KILLS = 36
 LOG_EVENTS = 5000
 RATE = 70.0  # messages/s: the replay lasts about as long as the kills
@@ -114,7 +117,7 @@ def test_sigkill_at_random_points(fault_stack: FaultStack, tmp_path: Path) -> No
                 started_wall = time.time()
                 proc = spawn()
                 spawned = time.monotonic()
-                mode = kills % 5
+                mode = kills % 6
                 if mode == 0:  # anywhere, start-up included
                     time.sleep(rng.uniform(0.2, 4.0))
                     moment = proc.kill()
@@ -123,10 +126,11 @@ def test_sigkill_at_random_points(fault_stack: FaultStack, tmp_path: Path) -> No
                         wait_for(probe.beyond(before), 20, "a first batch")
                     time.sleep(rng.uniform(0.0, 1.0))
                     moment = proc.kill()
-                else:  # aimed: at a lease check (2), a publication's chunks (3) or at
-                    # the WATCH that starts a fenced transaction (4: aborted before EXEC)
+                else:  # aimed: at a lease check (2), a publication's chunks (3), the
+                    # WATCH that starts a fenced transaction (4: aborted before EXEC) or
+                    # the swap script's lease check (5)
                     freeze = Freezer(fault_stack.redis)
-                    target = {2: "transaction", 3: "chunk", 4: "watch"}[mode]
+                    target = {2: "transaction", 3: "chunk", 4: "watch", 5: "script"}[mode]
                     fired = monitor.arm(started_wall, rng.randint(1, 6), freeze,
                                         target=target).wait(20)
                     monitor.disarm()
