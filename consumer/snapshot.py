@@ -47,7 +47,6 @@ from consumer.redis_store import (
     StoredState,
     crawled_bitmap,
     crawled_flags,
-    decoded_hash,
     redis_errors,
     topic_offsets,
 )
@@ -84,9 +83,21 @@ def read_identity(client: Any, keys: Keys) -> Identity:
         for algorithm in ALGORITHMS:
             pipe.hget(keys.meta(algorithm), "publication")
         graph, offsets, *publications = pipe.execute()
-    return Identity(decoded_hash(graph), decoded_hash(offsets),
-                    {a: (p or b"").decode() for a, p in zip(ALGORITHMS, publications,
-                                                           strict=True)})
+    # Foreign bytes that are not UTF-8 (another topic's offsets, a hand-edited meta)
+    # must not crash a start that Redis alone would survive: kept as surrogates, they
+    # compare unequal to any snapshot's identity, which Redis then stands in for.
+    return Identity(_lenient_hash(graph), _lenient_hash(offsets),
+                    {a: _lenient(p or b"") for a, p in zip(ALGORITHMS, publications,
+                                                          strict=True)})
+
+
+def _lenient(value: Any) -> str:
+    return (value.decode("utf-8", "surrogateescape") if isinstance(value, bytes)
+            else str(value))
+
+
+def _lenient_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
+    return {_lenient(k): _lenient(v) for k, v in raw.items()}
 
 
 def snapshot_path(settings: Settings) -> Path | None:
@@ -176,8 +187,6 @@ def read_snapshot(path: Path, identity: Identity, topic: str
     snapshot can make a start faster but never wrong, stuck or crashed.
     """
     started = time.perf_counter()
-    counters = GraphCounters.from_redis({k.encode(): v.encode()
-                                         for k, v in identity.graph.items()})
     try:
         arrays = _read_members(path)
     except FileNotFoundError:
@@ -197,6 +206,13 @@ def read_snapshot(path: Path, identity: Identity, topic: str
         return None
     if bytes(arrays["identity"]).decode(errors="replace") != identity.to_json():
         unused_snapshot(path, "Redis has changed since it was written")
+        return None
+    try:
+        counters = GraphCounters.from_redis({k.encode(errors="surrogateescape"):
+                                             v.encode(errors="surrogateescape")
+                                             for k, v in identity.graph.items()})
+    except ValueError as exc:  # not UTF-8, not a number: reading Redis says so
+        unused_snapshot(path, f"the stored graph counters are unreadable: {exc}")
         return None
     why = _malformed(arrays, counters)  # against the counters the identity holds
     if why is not None:
@@ -273,9 +289,13 @@ def _malformed(arrays: Mapping[str, np.ndarray], counters: GraphCounters) -> str
         value = arrays[name]
         if value.ndim != 1 or (shape is not None and value.shape != shape):
             return f"{name} has shape {value.shape}, not {shape or '(n,)'}"
-    for name in (*_ID_ARRAYS, "ts_values", "format"):
+    for name in (*_ID_ARRAYS, "format"):
         if not np.issubdtype(arrays[name].dtype, np.integer):
             return f"{name} holds {arrays[name].dtype}, not integers"
+    # Exactly as written: a uint64 stamp past 2**63 passed an integer check and then
+    # overflowed the mirror's int64 array on every start.
+    if arrays["ts_values"].dtype != np.int64:
+        return f"ts_values holds {arrays['ts_values'].dtype}, not int64"
     for name in _ID_ARRAYS:
         value = arrays[name]
         if value.size and (int(value.min()) < 0 or int(value.max()) >= ids):

@@ -120,6 +120,27 @@ def test_another_topics_offsets_under_the_prefix_do_not_stop_snapshots(snapshots
                         Mirror.load(client, keys, settings, snapshot=path))
 
 
+def test_foreign_bytes_in_the_identity_do_not_stop_a_start_with_snapshots(snapshots, caplog):
+    """Bytes that are not UTF-8 where Redis alone tolerates them (another topic's
+    offsets, a hand-edited meta's publication id) crashed every start with snapshots
+    on, file or no file, with a UnicodeDecodeError traceback (a review, session 29)."""
+    settings = snapshots
+    path = snapshot_path(settings)
+    assert path is not None and path.exists()
+    client, keys = connect_redis(settings), Keys(settings.key_prefix)
+    from_redis = Mirror.load(client, keys, settings)
+    client.hset(keys.offsets, "an.older.topic:0", b"\xff")
+    client.hset(keys.meta("wpr"), "publication", b"\xc3\x28")
+    with caplog.at_level(logging.INFO, logger="rankstream.consumer"):
+        with_file = Mirror.load(client, keys, settings, snapshot=path)
+        path.unlink()
+        without = Mirror.load(client, keys, settings, snapshot=path)
+    assert [f["reason"] for f in _loads(caplog, "snapshot not used")] == [
+        "Redis has changed since it was written"]
+    assert [f["from"] for f in _loads(caplog, "mirror loaded")] == ["redis"] * 2
+    assert with_file.counters == without.counters == from_redis.counters
+
+
 def test_data_without_crawled_flags_gets_them_with_every_page_counted_crawled(isolated):
     """Redis data of a version before the orphan rule has no ``page:crawled`` bitmap:
     every live page then counts as crawled, and the next batch writes the bitmap.

@@ -167,6 +167,8 @@ def test_a_snapshot_that_is_not_the_graph_its_counters_describe_is_not_used(tmp_
         "a negative timestamp id (landed on another page)": {
             "ts_ids": np.array([0, -1], dtype=np.int64)},
         "a timestamp id out of range": {"ts_ids": np.array([0, 3], dtype=np.int64)},
+        # Integers, but past int64: the mirror's stamp array overflowed on every start.
+        "timestamps as uint64": {"ts_values": np.array([2**63 + 5, 1], dtype=np.uint64)},
         "a removed id as a float": {"removed": np.array([2.0])},
         "published scores as strings": {"published_wpr": np.array(["1", "2", "3"])},
         "published scores of another shape": {"published_wpr": np.ones((3, 1))},
