@@ -53,6 +53,10 @@ class LockLost(ServiceError):
     """Our lease expired or was taken over; writing now would not be safe."""
 
 
+class LockNotString(ServiceError):
+    """The lease key holds another type: someone else's data, not a lease to wait for."""
+
+
 @dataclass(frozen=True)
 class Holder:
     """Who holds a lease, as recorded in the lock value."""
@@ -80,10 +84,13 @@ class Holder:
             return None
         try:
             data = json.loads(raw)
-            return cls(str(data["host"]), int(data["pid"]), str(data["since"]),
-                       str(data["token"]), str(data.get("boot", "")),
+            # since/token only describe the holder; a lease without them still names
+            # its host and pid (and a dead holder's can be taken over).
+            return cls(str(data["host"]), int(data["pid"]), str(data.get("since", "?")),
+                       str(data.get("token", "")), str(data.get("boot", "")),
                        str(data.get("pidns", "")))
-        except (ValueError, KeyError, TypeError, RecursionError):
+        except (ValueError, KeyError, TypeError, RecursionError, OverflowError):
+            # OverflowError: a hand-edited "pid": 1e999
             return cls("?", -1, "?", raw.decode("utf-8", "replace"))
 
     def describe(self) -> str:
@@ -112,7 +119,9 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except (PermissionError, OverflowError):
+        # OverflowError: no pid this large exists here, but the lease was edited by
+        # hand; cannot tell, so it is refused rather than taken.
         return True
     return True
 
@@ -154,6 +163,10 @@ class ConsumerLock:
     # -- acquisition --------------------------------------------------------------
     def acquire(self) -> None:
         """Take the lease or raise :class:`LockHeld` naming the current holder."""
+        with self._lease_type_checked():
+            self._acquire()
+
+    def _acquire(self) -> None:
         try:
             if self.client.set(self.key, self.value, nx=True, px=self.ttl_ms):
                 self._taken()
@@ -184,6 +197,8 @@ class ConsumerLock:
                 latest: Any = self.client.get(self.key)
                 holder = Holder.decode(latest)
         except redis.RedisError as exc:
+            if isinstance(exc, redis.ResponseError) and str(exc).startswith("WRONGTYPE"):
+                raise  # see acquire
             raise ServiceUnavailable(f"redis: cannot take the consumer lock: {exc}") from exc
         who = holder.describe() if holder else "another consumer"
         raise LockHeld(f"another consumer holds {self.key} ({who}); refusing to start")
@@ -208,7 +223,8 @@ class ConsumerLock:
     def still_ours(self) -> bool:
         """Read the lease (no renewal): True while our token is recorded."""
         try:
-            return bool(self.client.get(self.key) == self.value)
+            with self._lease_type_checked():
+                return bool(self.client.get(self.key) == self.value)
         except redis.RedisError as exc:
             raise ServiceUnavailable(f"redis: cannot read the consumer lock: {exc}") from exc
 
@@ -223,7 +239,9 @@ class ConsumerLock:
         with self.client.pipeline(transaction=True) as pipe:
             try:
                 pipe.watch(self.key)
-                if pipe.get(self.key) != self.value:
+                with self._lease_type_checked():
+                    current = pipe.get(self.key)
+                if current != self.value:
                     self.lost.set()
                     return False
                 pipe.multi()
@@ -254,6 +272,9 @@ class ConsumerLock:
             try:
                 if not self.renew():
                     log.error("consumer lease lost", extra={"fields": {"key": self.key}})
+            except LockNotString as exc:  # lost is set: the consumer stops on it
+                log.error("consumer lease lost", extra={"fields": {"key": self.key,
+                                                                   "error": str(exc)}})
             except redis.RedisError as exc:
                 # Redis down: the transactions will wait for it too; keep trying.
                 log.warning("lease renewal failed",
@@ -277,14 +298,32 @@ class ConsumerLock:
         """WATCH the lease (and ``also_watch``) on ``pipe``; raise :class:`LockLost`
         unless the lease is ours."""
         pipe.watch(*also_watch, self.key)
-        self._expect_ours(pipe.get(self.key))
+        with self._lease_type_checked():
+            current = pipe.get(self.key)
+        self._expect_ours(current)
 
     def check_on(self, conn: Any) -> None:
         """:meth:`check_in` on a raw redis-py ``Connection`` (see :mod:`consumer.resp`)."""
         conn.send_command("WATCH", self.key)
         conn.read_response()
         conn.send_command("GET", self.key)
-        self._expect_ours(conn.read_response())
+        with self._lease_type_checked():
+            current = conn.read_response()
+        self._expect_ours(current)
+
+    @contextlib.contextmanager
+    def _lease_type_checked(self) -> Iterator[None]:
+        """A lease key that is not a string (overwritten by hand) answers GET with
+        WRONGTYPE: the lease is not ours, and no retry will make it so (before, a
+        write crashed with a traceback and an idle consumer renewed in vain forever)."""
+        try:
+            yield
+        except redis.ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            self.lost.set()
+            raise LockNotString(f"{self.key} holds a value that is not a consumer lease "
+                                f"({exc}); refusing to write") from exc
 
     def _expect_ours(self, current: Any) -> None:
         if current != self.value:
@@ -300,7 +339,9 @@ class ConsumerLock:
         then fails instead of passing as ours again.
         """
         try:
-            if self.client.get(self.key) != self.value:
+            with self._lease_type_checked():
+                current = self.client.get(self.key)
+            if current != self.value:
                 self.holder = replace(self.holder, token=uuid.uuid4().hex)
                 self.value = self.holder.encode()
             self.acquire()

@@ -11,7 +11,7 @@ import redis as redis_py
 
 from consumer.graph_write import GraphCounters, GraphWrite, commit_graph, plan_links
 from consumer.keys import Keys, offset_field
-from consumer.lock import ConsumerLock, Holder, LockHeld, LockLost
+from consumer.lock import ConsumerLock, Holder, LockHeld, LockLost, LockNotString
 from consumer.recovery import Backoff, MirrorStale, Recovery
 from consumer.redis_store import connect_redis, load_stored
 from consumer.stats import ConsumerStats
@@ -108,6 +108,45 @@ def test_lease_of_a_dead_process_is_taken_over(isolated, client):
     holder = Holder.decode(client.get(key))
     assert holder is not None and holder.pid == successor.holder.pid
     successor.release()
+
+
+def test_hand_edited_leases_are_refused_in_one_line_never_taken_nor_raised(isolated, client):
+    """A review (session 29): ``"pid": 1e999`` and a pid past the C long range crashed
+    the start with an OverflowError traceback; a lease without ``since`` or ``token``
+    lost its holder's name."""
+    key = Keys(isolated.key_prefix).lock
+    me = ConsumerLock(client, key, ttl_ms=60_000)
+    own = json.loads(me.value)
+    for pid in ("1e999", str(2**63), "1e20"):
+        client.set(key, me.value.replace(f'"pid":{own["pid"]}'.encode(), f'"pid":{pid}'.encode()))
+        with pytest.raises(LockHeld, match="refusing to start"):
+            ConsumerLock(client, key, ttl_ms=60_000).acquire()
+    client.set(key, json.dumps({"host": "elsewhere", "pid": 41}))
+    with pytest.raises(LockHeld, match="pid 41 on host elsewhere"):
+        me.acquire()
+    client.delete(key)
+
+
+def test_a_lease_key_of_another_type_stops_writes_with_a_service_error(isolated, client):
+    """WRONGTYPE on the lease's GET: a fenced write raised redis' ResponseError (a
+    traceback), the renewal logged "failed" forever without setting ``lost``, and
+    a start called it an outage (retried). Now every path says LockNotString."""
+    key = Keys(isolated.key_prefix).lock
+    lock = ConsumerLock(client, key, ttl_ms=5000)
+    lock.acquire()
+    client.delete(key)
+    client.sadd(key, "not a lease")
+    assert not lock.lost.is_set()
+    with pytest.raises(LockNotString, match="not a consumer lease"):
+        lock.renew()
+    assert lock.lost.is_set()
+    keys = Keys(isolated.key_prefix)
+    with pytest.raises(LockNotString):
+        commit_graph(client, keys, GraphWrite(counters=GraphCounters(version=1)), fence=lock)
+    with pytest.raises(LockNotString):
+        ConsumerLock(client, key, ttl_ms=5000).acquire()
+    assert not client.exists(keys.graph)
+    client.delete(key)
 
 
 def test_the_loser_of_a_takeover_race_names_the_winner_not_the_dead(isolated, client):
