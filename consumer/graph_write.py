@@ -120,6 +120,7 @@ class GraphWrite:
     insert_dst: np.ndarray = field(default_factory=lambda: _EMPTY)
     ts_updates: Mapping[int, int] = field(default_factory=dict)
     titles: Mapping[int, str] = field(default_factory=dict)
+    earlier_titles: Sequence[tuple[int, str]] = ()  # indexed only (AppliedEvents)
     anchors: Sequence[tuple[int, int, str]] = ()
     crawled_changes: Mapping[int, bool] = field(default_factory=dict)
     crawled_bitmap: bytes | None = None
@@ -320,8 +321,9 @@ def commit_graph(client: redis.Redis, keys: Keys, write: GraphWrite, *,
 
     payload, count = adjacency_payload(keys, write)
     others = bookkeeping_commands(keys, write, bulk=bulk)
-    if write.titles or write.anchors:
-        others = postings_commands(keys.prefix, write.titles, write.anchors) + others
+    if write.titles or write.earlier_titles or write.anchors:
+        others = postings_commands(keys.prefix, [*write.titles.items(), *write.earlier_titles],
+                                   write.anchors) + others
     payload.extend(command(*cmd) for cmd in others)
     count += len(others)
     with contextlib.ExitStack() as stack:

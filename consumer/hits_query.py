@@ -283,10 +283,13 @@ def _top(urls: list[str], scores: np.ndarray, k: int, distance: float) -> list[S
     # exactly 0 after the fallback): listing it would depend on which path answered.
     order = np.argsort(-scores, kind="stable")
     if order.size > 1:
-        # Runs of neighbours within 1e-12 of the top score of each other are one tie,
-        # listed by URL (rounding to a grid would split ties straddling a grid line).
+        # Runs of neighbours within 1e-12 of the top score, or within twice the
+        # distance from the limit, of each other are one tie, listed by URL (rounding
+        # to a grid would split ties straddling a grid line). Scores that close may
+        # have one limit: exactly tied pages came out ordered by what the iteration
+        # left (1e-9 apart at tol 1e-8, a review).
         ranked = scores[order]
-        tie = np.abs(np.diff(ranked)) <= 1e-12 * float(ranked[0])
+        tie = np.abs(np.diff(ranked)) <= max(1e-12 * float(ranked[0]), 2.0 * distance)
         group = np.concatenate([[0], np.cumsum(~tie)])
         order = order[np.lexsort((order, group))]
     order = order[:k]

@@ -161,7 +161,9 @@ def query_terms(query: str) -> list[str]:
     """
     terms = tokenize(query, max_terms=MAX_QUERY_TERMS + 1)
     if not terms:
-        raise InputError("query has no searchable terms (empty or only stop words)", where="q")
+        raise InputError(f"query has no searchable terms (empty, only stop words, or only "
+                         f"words longer than {MAX_TERM_CHARS} characters, which are never "
+                         "indexed)", where="q")
     if len(terms) > MAX_QUERY_TERMS:
         raise InputError(f"query has more than {MAX_QUERY_TERMS} distinct terms", where="q")
     return sorted(terms)
@@ -169,21 +171,23 @@ def query_terms(query: str) -> list[str]:
 
 def postings_commands(
     prefix: str,
-    titles: Mapping[int, str],
+    titles: Mapping[int, str] | Iterable[tuple[int, str]],
     anchors: Iterable[tuple[int, int, str]],
 ) -> list[tuple[Any, ...]]:
     """The index additions of one consumer batch: one ``SADD`` per distinct term.
 
     Args:
         prefix: the key prefix.
-        titles: page id -> title, from the batch's ``page`` events.
+        titles: page id -> title (or ``(page id, title)`` pairs, a page more than once
+            when the batch's ``page`` events gave it several).
         anchors: ``(src id, dst id, anchor text)`` triples; the text indexes ``dst``.
 
     Postings are grouped per term, so a batch costs one ``SADD`` per distinct term,
     however many pages share it.
     """
     postings: defaultdict[str, set[int]] = defaultdict(set)
-    for page_id, title in titles.items():
+    pairs = titles.items() if isinstance(titles, Mapping) else titles
+    for page_id, title in pairs:
         for term in tokenize(title):
             postings[term].add(page_id)
     for _src, dst, text in anchors:

@@ -75,8 +75,13 @@ class AppliedEvents:
     """Page id -> title of its last applied ``page`` event. A later ``page_removed`` does
     not take it back: Redis keeps the titles of removed pages (a revived page shows
     its last title again), so a batch writes what one-event batches would have."""
+    earlier_titles: list[tuple[int, str]] = field(default_factory=list)
+    """``(page id, title)`` of applied ``page`` events whose title a later one of the
+    batch replaced: not stored, but indexed, as one-event batches would have."""
     anchors: list[tuple[int, int, str]] = field(default_factory=list)
-    """``(src id, dst id, anchor text)`` for links present at the end of the batch."""
+    """``(src id, dst id, anchor text)`` of every applied ``page`` event's links (self
+    links aside), whether or not a later event of the batch removed the link: the
+    term index only grows, so this is what one-event batches would have indexed."""
     crawled_changes: dict[int, bool] = field(default_factory=dict)
     """Page id -> its new crawled flag, for pages whose flag this batch changed."""
     orphans: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
@@ -248,7 +253,8 @@ class EventApplier:
         overlay = _Overlay(graph)
         ts_updates: dict[int, int] = {}
         titles: dict[int, str] = {}
-        page_anchors: dict[int, list[tuple[int, str]]] = {}
+        earlier_titles: list[tuple[int, str]] = []
+        anchors: list[tuple[int, int, str]] = []
         crawled: dict[int, bool] = {}  # flags set by this batch, the last one wins
         stale = 0
 
@@ -272,12 +278,14 @@ class EventApplier:
                 if event.ts is not None:
                     ts_updates[page] = event.ts
                 if event.title is not None:
+                    replaced = titles.get(page)
+                    if replaced is not None and replaced != event.title:
+                        earlier_titles.append((page, replaced))
                     titles[page] = event.title
                 if event.anchors:
                     by_url = dict(zip(event.links, targets, strict=True))
-                    page_anchors[page] = [(by_url[url], text) for url, text in event.anchors]
-                else:
-                    page_anchors.pop(page, None)
+                    anchors.extend((page, by_url[url], text) for url, text in event.anchors
+                                   if by_url[url] != page)
             elif isinstance(event, LinkAddedEvent):
                 if event.src != event.dst:
                     src_id = intern(event.src)
@@ -298,7 +306,6 @@ class EventApplier:
                     ts_updates[page_or_none] = event.ts
                 overlay.remove_page(page_or_none, when)
                 crawled[page_or_none] = False
-                page_anchors.pop(page_or_none, None)
             else:  # pragma: no cover - the schema admits no other type
                 raise TypeError(f"not an event: {event!r}")
 
@@ -313,13 +320,6 @@ class EventApplier:
         orphans = self._orphans(batch, overlay)
         if orphans.size:
             batch.removed_pages = np.union1d(batch.removed_pages, orphans).astype(np.int32)
-        final = overlay.final_links()
-        anchors = [
-            (page, target, text)
-            for page, pairs in page_anchors.items()
-            for target, text in pairs
-            if target in final[page]
-        ]
         self._record(ts_updates)
         first_new = overlay.first_new_id
         return AppliedEvents(
@@ -327,6 +327,7 @@ class EventApplier:
             new_pages=[(page, graph.key_of(page)) for page in range(first_new, graph.num_ids)],
             ts_updates=ts_updates,
             titles=titles,
+            earlier_titles=earlier_titles,
             anchors=anchors,
             crawled_changes=crawled_changes,
             orphans=orphans,

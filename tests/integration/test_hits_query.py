@@ -566,6 +566,11 @@ def test_equal_authorities_are_listed_by_url_whatever_the_rounding() -> None:
     # Either side of a rounding grid line, one tie all the same.
     straddle = np.array([0.3000000000005, np.nextafter(0.3000000000005, 1.0), 1.0])
     assert [p.url for p in _top(urls, straddle, 3, 0.0)] == [urls[2], urls[0], urls[1]]
+    # Equal limits that the iteration left 2.4e-9 apart, within its distance of 5e-9
+    # from them (a review's case, listed p29 before p21).
+    left = np.array([0.408248289648314, 0.408248292094962, 0.1])
+    assert [p.url for p in _top(urls, left, 3, 5e-9)] == urls
+    assert [p.url for p in _top(urls, left, 3, 1e-10)] == [urls[1], urls[0], urls[2]]
 
 
 def test_max_in_zero_reads_no_in_link_sets(graph: HandGraph, monkeypatch: Any) -> None:

@@ -278,6 +278,41 @@ def test_titles_do_not_depend_on_where_batches_split() -> None:
     assert apart == together
 
 
+def test_the_term_index_does_not_depend_on_where_batches_split() -> None:
+    """Every applied title and anchor text is indexed: only the batch's last title
+    of a page, and only anchors of links present at the batch's end, were (a review,
+    session 29: "alpha" and "kiwi" found apart, not together)."""
+    from consumer.text_index import postings_commands
+
+    def linked(name: str, text: str) -> dict[str, str]:
+        return {"url": url(name), "text": text}
+
+    events = [
+        PageEvent(url=url("p"), links=[linked("x", "kiwi fruit")], title="alpha", ts=1),
+        PageEvent(url=url("p"), links=[linked("y", "mango")], title="beta", ts=2),
+        PageEvent(url=url("q"), links=[linked("x", "papaya"), linked("q", "self")]),
+        removed_link("q", "x"), gone("q"),
+        PageEvent(url=url("p"), links=[], title="beta", ts=0),  # stale: never indexed
+    ]
+
+    def index(batches: list[list[Event]]) -> set[tuple[str, str]]:
+        graph = LinkGraph()
+        applier = EventApplier(graph)
+        postings: set[tuple[str, str]] = set()
+        for batch in batches:
+            result = applier.apply(batch)
+            graph.apply(result.batch)
+            for _, key, *ids in postings_commands(
+                    "t:", [*result.titles.items(), *result.earlier_titles], result.anchors):
+                postings.update((key, graph.key_of(int(i))) for i in ids)
+        return postings
+
+    together = index([events])
+    assert together == index([[event] for event in events])
+    assert {term for term, _ in together} == {
+        f"t:term:{t}" for t in ("alpha", "beta", "kiwi", "fruit", "mango", "papaya")}
+
+
 def test_last_ts_is_taken_from_the_caller() -> None:
     graph, _, _ = run_batches([[page("a", "b")]])
     last = np.full(graph.num_ids, NO_TS, dtype=np.int64)
