@@ -35,6 +35,7 @@ import redis
 from consumer.keys import Keys
 from consumer.resp import command, pooled_connection, set_commands, transaction
 from ranker.edge_batches import pair_keys, sorted_unique, split_pair_keys
+from rankstream.errors import ServiceError
 
 HSET_CHUNK = 1000  # field/value pairs per HSET
 BITFIELD_CHUNK = 1000  # bits set per BITFIELD
@@ -308,14 +309,37 @@ def bookkeeping_commands(keys: Keys, write: GraphWrite, *, bulk: bool = False
 
 # -- execution -----------------------------------------------------------------------
 
+class GraphMoved(ServiceError):
+    """Redis holds another graph version than the last transaction we committed.
+
+    Older: it lost acknowledged writes (a failover to a replica that lagged, a
+    restore from a backup). Committing on top would lose those batches for good and
+    hand out page ids Redis never saw (a fault test: ``page:url`` no longer dense).
+    Newer: someone else wrote. Either way the caller rebuilds from Redis and reads
+    Kafka again from the offsets stored there."""
+
+    def __init__(self, stored: int, expected: int) -> None:
+        what = ("it lost acknowledged writes" if stored < expected
+                else "another writer moved it on")
+        super().__init__(f"Redis holds graph version {stored} where version {expected} "
+                         f"was committed: {what}")
+        self.stored = stored
+        self.expected = expected
+
+
 def commit_graph(client: redis.Redis, keys: Keys, write: GraphWrite, *,
-                 fence: Any | None = None, bulk: bool = True) -> int:
+                 fence: Any | None = None, bulk: bool = True,
+                 after_version: int | None = None) -> int:
     """Run the batch's MULTI/EXEC; return the number of commands in it.
 
     ``fence`` is a :class:`consumer.lock.ConsumerLock`: the lease is WATCHed and
     checked before MULTI, so EXEC aborts (``redis.WatchError``) if it changed.
-    Connection errors propagate untranslated (the caller retries the identical
-    write); an error reply raises :class:`consumer.resp.TransactionFailed`.
+    ``after_version``: the graph version of the last transaction committed before
+    this one. ``P graph`` is WATCHed too and must hold it (or this write's own
+    version: a re-send after a connection error whose first attempt committed), else
+    :class:`GraphMoved`: a valid lease alone does not show that Redis kept our
+    writes. Connection errors propagate untranslated (the caller retries the
+    identical write); an error reply raises :class:`consumer.resp.TransactionFailed`.
     """
     from consumer.text_index import postings_commands
 
@@ -332,5 +356,20 @@ def commit_graph(client: redis.Redis, keys: Keys, write: GraphWrite, *,
         conn = stack.enter_context(pooled_connection(client))
         if fence is not None:
             fence.check_on(conn)
+        if after_version is not None:
+            _check_version(conn, keys, after_version, write.counters.version)
         transaction(conn, payload, count)
     return count
+
+
+def _check_version(conn: Any, keys: Keys, after: int, own: int) -> None:
+    conn.send_packed_command([command("WATCH", keys.graph),
+                              command("HGET", keys.graph, "version")])
+    conn.read_response()
+    raw = conn.read_response()
+    try:
+        stored = int(raw or 0)
+    except ValueError as exc:
+        raise ServiceError(f"{keys.graph} version is not a number: {raw!r}") from exc
+    if stored not in (after, own):
+        raise GraphMoved(stored, after)

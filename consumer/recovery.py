@@ -13,6 +13,12 @@ The decisions (see also docs/redis-keys.md):
   that batch) is rebuilt from Redis and Kafka is re-positioned at the Redis
   offsets (:class:`MirrorStale`, handled by the service). If another consumer
   holds the lease we stop with an error.
+* Redis went back (it lost acknowledged writes: a failover to a replica that
+  lagged, a restore from a backup) while our lease stayed valid: each graph
+  transaction checks that ``P graph`` still holds the version last committed
+  (:class:`consumer.graph_write.GraphMoved`), and so does every idle poll; if not,
+  the mirror is rebuilt from Redis and Kafka re-read from the offsets stored there
+  (:class:`MirrorStale`), so the lost batches are applied again.
 * Kafka errors while polling or sending dead letters: retried with the same
   backoff (dead letters may be sent twice; never lost).
 * After a stop request, a failing write is retried for at most ``stop_grace_s``
@@ -34,6 +40,7 @@ from typing import Any, TypeVar
 
 import redis
 
+from consumer.graph_write import GraphMoved
 from consumer.keys import Keys
 from consumer.lock import ConsumerLock, LockHeld, LockLost
 from consumer.redis_store import redis_errors
@@ -161,6 +168,32 @@ class Recovery:
                 return self.retry(what, action)
             except (LockLost, redis.WatchError):
                 self.regain_lease()
+            except GraphMoved as exc:
+                raise self._graph_moved(exc.stored) from exc
+
+    def check_graph_kept(self) -> None:
+        """Raise :class:`MirrorStale` unless ``P graph`` holds the version last
+        committed (called while idle, with no transaction in flight: a rollback of
+        Redis is otherwise found only by the next batch's transaction)."""
+        def stored_version() -> Any:
+            with redis_errors("checking the stored graph version"):
+                return self.client.hget(self.keys.graph, "version")
+
+        raw = self.retry("checking the stored graph version", stored_version)
+        try:
+            stored = int(raw or 0)
+        except ValueError as exc:
+            raise ServiceError(f"{self.keys.graph} version is not a number: {raw!r}") from exc
+        if stored != self.committed[0]:
+            raise self._graph_moved(stored)
+
+    def _graph_moved(self, stored: int) -> MirrorStale:
+        expected = self.committed[0]
+        went_back = stored < expected
+        log.warning("redis went back; rebuilding the mirror" if went_back
+                    else "the stored graph moved on; rebuilding the mirror",
+                    extra={"fields": {"stored_version": stored, "committed_version": expected}})
+        return MirrorStale(str(GraphMoved(stored, expected)))
 
     def regain_lease(self) -> None:
         """The lease changed under a transaction: continue, rebuild or stop.

@@ -268,6 +268,7 @@ class ConsumerService:
                 # Idle: publish what is pending now (without waiting for it).
                 self.refreshes.collect()
                 self._settle_commit()
+                self.recovery.check_graph_kept()
                 self.refreshes.catch_up()
                 self._maybe_publish(force=True)
                 if self.publications.idle:
@@ -441,8 +442,10 @@ class ConsumerService:
     def _commit(self, planned: PlannedBatch) -> None:
         bulk = self.options.bulk_writes
         recovery = self.recovery
+        after = recovery.committed[0]
         recovery.fenced("committing the graph", lambda: commit_graph(
-            self.redis, self.keys, planned.write, fence=self.lock, bulk=bulk))
+            self.redis, self.keys, planned.write, fence=self.lock, bulk=bulk,
+            after_version=after))
         # Runs on the single writer thread, in batch order.
         recovery.committed = (planned.write.counters.version,
                               {**recovery.committed[1], **planned.write.offsets})

@@ -1,4 +1,4 @@
-"""Redis restarted, killed, unreachable and frozen while the consumer streams.
+"""Redis restarted, killed, unreachable, frozen and rolled back while the consumer streams.
 
 All against the fault stack's own redis-server (AOF on, ``appendfsync everysec``),
 so restarting or freezing it disturbs no other test.
@@ -7,6 +7,7 @@ so restarting or freezing it disturbs no other test.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -128,4 +129,54 @@ def test_redis_frozen_for_30_seconds(fault_stack: FaultStack, tmp_path: Path) ->
            note=f"consumer CPU while frozen: {cpu:.3f} s in {frozen_for:.0f} s "
                 f"({100 * share:.2f}% of a core); the {LEASE_MS / 1000:.0f} s lease "
                 f"expired meanwhile and was re-taken")
+    result.check()
+
+
+def test_redis_rolled_back_to_an_older_state(fault_stack: FaultStack, tmp_path: Path) -> None:
+    """Redis comes back without its last acknowledged writes, as after a failover to a
+    replica that lagged (replication is asynchronous) or a restore from a backup: its
+    files are copied while it is frozen, and after more batches committed it is killed
+    and restarted from the copy. The lease in the copy is still the consumer's and not
+    yet expired, so only the graph version tells that Redis went back: the consumer's
+    next transaction must see it, rebuild from Redis and read the lost events again
+    from Kafka (before, it committed on top and those events were lost for good)."""
+    settings = fault_stack.scenario("redis-rollback", partitions=2, batch_max_events=40,
+                                    poll_timeout_ms=100)
+    log = build_log(1500, seed=53)
+    server = fault_stack.redis
+    client = fault_stack.client()
+    probe = Probe(client, settings)
+    copy = tmp_path / "redis-data"
+    replayer = Replayer(settings, log, rate=150.0).start()
+    with consumers(settings, tmp_path) as spawn:
+        proc = spawn()
+        wait_for(lambda: probe.consumed() > 200, 60, "progress before the copy")
+        with frozen_redis(server):
+            shutil.copytree(server.data_dir, copy)
+        copied_at = time.monotonic()
+        after_copy = probe.consumed()
+        wait_for(lambda: probe.consumed() > after_copy + 200, 60, "progress after the copy")
+        ahead = probe.consumed()
+        kill_redis(server)
+        shutil.rmtree(server.data_dir)
+        shutil.copytree(copy, server.data_dir)
+        start_redis(server)
+        back = probe.consumed()
+        # Within the consumer's 30 s lease: the copy's lease is still valid, so the lease
+        # path (which already rebuilt after a lapse) is not what finds the rollback.
+        assert time.monotonic() - copied_at < 20, "too slow: the lease in the copy lapsed"
+        assert back < ahead, (back, ahead)
+        recovery = wait_for(lambda: probe.consumed() > ahead, 90, "progress past the rollback")
+        replayer.join()
+        wait_for(lambda: probe.caught_up(len(log)), 120, "catching up")
+        assert proc.stop() == 0, proc.output()[-3000:]
+    rebuilt = [line for line in log_lines(proc.output())
+               if str(line.get("msg", "")).startswith("redis went back")]
+    result = audit(client, settings, log)
+    client.close()
+    record("Redis rolled back (restart from an older copy)", faults=1, result=result,
+           recoveries=[recovery],
+           note=f"Redis went back from {ahead} to {back} events consumed; "
+                f"{len(rebuilt)} rebuild(s) from Redis, the lost events read again")
+    assert rebuilt, "the consumer never noticed that Redis went back"
     result.check()

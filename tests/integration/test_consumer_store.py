@@ -110,6 +110,34 @@ def test_lease_of_a_dead_process_is_taken_over(isolated, client):
     successor.release()
 
 
+def test_a_graph_transaction_refuses_a_redis_that_went_back(isolated, client):
+    """The version fence: P graph must hold the version committed last (or this
+    write's own, a re-send whose first attempt committed); a valid lease alone let a
+    consumer commit over a Redis that lost acknowledged writes."""
+    from consumer.graph_write import GraphMoved
+
+    keys = Keys(isolated.key_prefix)
+    lock = ConsumerLock(client, keys.lock, ttl_ms=5000)
+    lock.acquire()
+
+    def write(version: int) -> GraphWrite:
+        return GraphWrite(counters=GraphCounters(version=version),
+                          offsets={offset_field("t", 0): version})
+
+    commit_graph(client, keys, write(3), fence=lock, after_version=0)
+    commit_graph(client, keys, write(3), fence=lock, after_version=0)  # a re-send
+    commit_graph(client, keys, write(5), fence=lock, after_version=3)
+    client.hset(keys.graph, "version", 3)  # Redis lost the last transaction
+    with pytest.raises(GraphMoved, match="version 3 where version 5 was committed: it "
+                                         "lost acknowledged writes"):
+        commit_graph(client, keys, write(7), fence=lock, after_version=5)
+    client.hset(keys.graph, "version", 9)
+    with pytest.raises(GraphMoved, match="another writer"):
+        commit_graph(client, keys, write(7), fence=lock, after_version=5)
+    assert client.hget(keys.offsets, offset_field("t", 0)) == b"5"
+    lock.release()
+
+
 def test_hand_edited_leases_are_refused_in_one_line_never_taken_nor_raised(isolated, client):
     """A review (session 29): ``"pid": 1e999`` and a pid past the C long range crashed
     the start with an OverflowError traceback; a lease without ``since`` or ``token``
