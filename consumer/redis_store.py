@@ -23,7 +23,7 @@ from redis.retry import Retry
 from consumer.graph_write import GraphCounters
 from consumer.keys import ALGORITHMS, Keys
 from consumer.resp import read_sets, transient_refusal
-from rankstream.errors import ServiceError, ServiceUnavailable
+from rankstream.errors import ConfigError, ServiceError, ServiceUnavailable
 from rankstream.settings import Settings
 
 log = logging.getLogger("rankstream.consumer.store")
@@ -96,6 +96,30 @@ def redis_errors(what: str) -> Iterator[None]:
         if transient_refusal(exc):  # out of memory, read-only replica...: retried
             raise ServiceUnavailable(f"redis refused for now while {what}: {exc}") from exc
         raise ServiceError(f"redis error while {what}: {exc}") from exc
+
+
+def check_eviction_policy(client: redis.Redis) -> None:
+    """Refuse a Redis that may evict any key under memory pressure (``allkeys-*``).
+
+    The graph's keys carry no TTL, so ``noeviction`` and the ``volatile-*`` policies
+    never drop them (only the lease, back buffers and HITS cache, which are built to
+    lapse); under ``allkeys-*`` a full Redis would silently delete links, id maps or
+    offsets, and nothing could tell. ``INFO`` is read, not ``CONFIG GET``, which
+    managed services often disable; a Redis that refuses ``INFO`` too is not checked.
+    """
+    try:
+        with redis_errors("checking the eviction policy"):
+            info: Any = client.info("memory")
+    except ServiceUnavailable:
+        raise
+    except ServiceError as exc:
+        log.info("eviction policy not checked", extra={"fields": {"error": str(exc)}})
+        return
+    policy = str(info.get("maxmemory_policy", ""))
+    if policy.startswith("allkeys-"):
+        raise ConfigError(f"Redis may evict any key (maxmemory-policy {policy}), which would "
+                          "silently delete parts of the graph; use noeviction or a volatile-* "
+                          "policy for this database")
 
 
 @contextlib.contextmanager

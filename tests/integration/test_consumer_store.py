@@ -138,6 +138,24 @@ def test_a_graph_transaction_refuses_a_redis_that_went_back(isolated, client):
     lock.release()
 
 
+def test_a_redis_that_may_evict_any_key_is_refused(client):
+    """Under allkeys-* a full Redis silently deletes graph keys; volatile-* and
+    noeviction never touch them (they carry no TTL)."""
+    from consumer.redis_store import check_eviction_policy
+    from rankstream.errors import ConfigError
+
+    before = client.config_get("maxmemory-policy")["maxmemory-policy"]
+    try:
+        for policy in ("noeviction", "volatile-lru", "volatile-ttl"):
+            client.config_set("maxmemory-policy", policy)
+            check_eviction_policy(client)
+        client.config_set("maxmemory-policy", "allkeys-lru")
+        with pytest.raises(ConfigError, match="maxmemory-policy allkeys-lru"):
+            check_eviction_policy(client)
+    finally:
+        client.config_set("maxmemory-policy", before)
+
+
 def test_hand_edited_leases_are_refused_in_one_line_never_taken_nor_raised(isolated, client):
     """A review (session 29): ``"pid": 1e999`` and a pid past the C long range crashed
     the start with an OverflowError traceback; a lease without ``since`` or ``token``
