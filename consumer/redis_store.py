@@ -98,28 +98,37 @@ def redis_errors(what: str) -> Iterator[None]:
         raise ServiceError(f"redis error while {what}: {exc}") from exc
 
 
-def check_eviction_policy(client: redis.Redis) -> None:
-    """Refuse a Redis that may evict any key under memory pressure (``allkeys-*``).
+def check_redis_fits(client: redis.Redis) -> None:
+    """Refuse a Redis the consumer cannot keep its promises on, with one clear line.
 
-    The graph's keys carry no TTL, so ``noeviction`` and the ``volatile-*`` policies
-    never drop them (only the lease, back buffers and HITS cache, which are built to
-    lapse); under ``allkeys-*`` a full Redis would silently delete links, id maps or
-    offsets, and nothing could tell. ``INFO`` is read, not ``CONFIG GET``, which
-    managed services often disable; a Redis that refuses ``INFO`` too is not checked.
+    * ``maxmemory-policy allkeys-*``: the graph's keys carry no TTL, so
+      ``noeviction`` and the ``volatile-*`` policies never drop them (only the lease,
+      back buffers and HITS cache, which are built to lapse); under ``allkeys-*`` a
+      full Redis would silently delete links, id maps or offsets, and nothing could
+      tell.
+    * Cluster mode: each batch is one MULTI/EXEC over keys of every slot, which a
+      cluster refuses (CROSSSLOT) deep inside the first batch.
+
+    ``INFO`` is read, not ``CONFIG GET``, which managed services often disable; a
+    Redis that refuses ``INFO`` too is not checked.
     """
     try:
-        with redis_errors("checking the eviction policy"):
-            info: Any = client.info("memory")
+        with redis_errors("checking the Redis server"):
+            info: Any = client.info()
     except ServiceUnavailable:
         raise
     except ServiceError as exc:
-        log.info("eviction policy not checked", extra={"fields": {"error": str(exc)}})
+        log.info("redis server not checked", extra={"fields": {"error": str(exc)}})
         return
     policy = str(info.get("maxmemory_policy", ""))
     if policy.startswith("allkeys-"):
         raise ConfigError(f"Redis may evict any key (maxmemory-policy {policy}), which would "
                           "silently delete parts of the graph; use noeviction or a volatile-* "
                           "policy for this database")
+    if str(info.get("cluster_enabled", "0")) == "1":
+        raise ConfigError("Redis runs in cluster mode, which refuses the consumer's "
+                          "transactions over keys of many slots; use a standalone Redis "
+                          "(or a primary with replicas)")
 
 
 @contextlib.contextmanager

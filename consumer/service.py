@@ -52,7 +52,7 @@ from consumer.pacing import Pacing
 from consumer.prefetch import Fetched, Prefetcher
 from consumer.publishing import Publications
 from consumer.recovery import Backoff, MirrorStale, Recovery, settle_void
-from consumer.redis_store import check_eviction_policy, connect_redis, topic_offsets
+from consumer.redis_store import check_redis_fits, connect_redis, topic_offsets
 from consumer.refreshes import Refreshes
 from consumer.score_publisher import ScorePublisher
 from consumer.snapshot import leave_snapshot, snapshot_path
@@ -154,7 +154,7 @@ class ConsumerService:
         # --max-seconds bounds the wait for Redis too (it waited 60 s past a 5 s limit).
         wait = min(self.options.startup_wait_s, self.options.max_seconds or math.inf)
         self.recovery.wait_for_redis(wait, self.stop_event)
-        retry("checking the eviction policy", lambda: check_eviction_policy(self.redis))
+        retry("checking the Redis server", lambda: check_redis_fits(self.redis))
         self._lock_tried = True  # released even if the reply of a SET that took it was lost
         self.lock.acquire()
         self._holding = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import numpy as np
 import pytest
@@ -141,19 +142,57 @@ def test_a_graph_transaction_refuses_a_redis_that_went_back(isolated, client):
 def test_a_redis_that_may_evict_any_key_is_refused(client):
     """Under allkeys-* a full Redis silently deletes graph keys; volatile-* and
     noeviction never touch them (they carry no TTL)."""
-    from consumer.redis_store import check_eviction_policy
+    from consumer.redis_store import check_redis_fits
     from rankstream.errors import ConfigError
 
     before = client.config_get("maxmemory-policy")["maxmemory-policy"]
     try:
         for policy in ("noeviction", "volatile-lru", "volatile-ttl"):
             client.config_set("maxmemory-policy", policy)
-            check_eviction_policy(client)
+            check_redis_fits(client)
         client.config_set("maxmemory-policy", "allkeys-lru")
         with pytest.raises(ConfigError, match="maxmemory-policy allkeys-lru"):
-            check_eviction_policy(client)
+            check_redis_fits(client)
     finally:
         client.config_set("maxmemory-policy", before)
+
+
+def test_a_redis_in_cluster_mode_is_refused(tmp_path):
+    """A cluster refuses the batch's MULTI/EXEC over many slots (CROSSSLOT) deep in
+    the first batch; a real redis-server in cluster mode is refused at once."""
+    import subprocess
+
+    from consumer.redis_store import check_redis_fits
+    from rankstream.errors import ConfigError
+    from rankstream.services.redis import redis_binary
+    from tests.faults.stack import free_port
+
+    port = free_port()
+    server = subprocess.Popen(
+        [redis_binary(install=False), "--port", str(port), "--bind", "127.0.0.1",
+         "--cluster-enabled", "yes", "--cluster-config-file", str(tmp_path / "nodes.conf"),
+         # Its bus port, by default the port + 10000, past 65535 for a high free port.
+         "--cluster-port", str(free_port()),
+         "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    node = redis_py.Redis(host="127.0.0.1", port=port)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                node.ping()
+                break
+            except redis_py.ConnectionError:
+                if server.poll() is not None:
+                    pytest.fail(f"the cluster node exited: {server.communicate()[0][-500:]!r}")
+                assert time.monotonic() < deadline, "the cluster node did not start"
+                time.sleep(0.05)
+        with pytest.raises(ConfigError, match="cluster mode"):
+            check_redis_fits(node)
+    finally:
+        node.close()
+        server.terminate()
+        server.wait(timeout=10)
 
 
 def test_hand_edited_leases_are_refused_in_one_line_never_taken_nor_raised(isolated, client):
