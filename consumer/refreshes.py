@@ -78,14 +78,18 @@ class Refreshes:
             "refresh_s": {a: round(float(r.seconds), 4) for a, r in reports.items()},
             "relative_bound": {a: float(f"{r.relative_bound:.3g}") for a, r in reports.items()}}})
 
-    def now(self, *, tolerance: float | None = None, max_sweeps: float | None = None) -> None:
+    def now(self, *, tolerance: float | None = None, max_sweeps: float | None = None
+            ) -> dict[str, Any]:
         """Refresh the engines now and wait (on the ranker thread: its
-        RANKSTREAM_RANKER_THREADS kernel threads would take every core here)."""
+        RANKSTREAM_RANKER_THREADS kernel threads would take every core here); returns
+        the reports (also pending for publication)."""
         self.collect()
         refresh = self._ranker.submit(self._mirror().ranks.refresh, tolerance=tolerance,
                                       max_sweeps=max_sweeps)
-        self._publications.pending.update(refresh.result())
+        reports: dict[str, Any] = refresh.result()
+        self._publications.pending.update(reports)
         self.absorbed_since = False
+        return reports
 
     def catch_up(self) -> None:
         """Refresh (capped as after a batch) if batches were absorbed since the last."""

@@ -65,6 +65,10 @@ from rankstream.settings import Settings
 log = logging.getLogger("rankstream.consumer")
 
 MAX_IDLE_REFRESHES = 5  # extra refreshes before a --until-caught-up exit
+# While idle, a refresh that ends unfresh is tried again after a delay doubling from
+# 1 s to this: a graph the engine cannot converge within RANKSTREAM_MAX_ITER (a
+# damping near 1) repeated max_iter sweeps at every empty poll.
+MAX_IDLE_REFRESH_DELAY_S = 300.0
 
 
 class ConsumerService:
@@ -109,6 +113,8 @@ class ConsumerService:
         # (a retry's "waiting") shows the lag as last measured there.
         self._loop_thread = threading.get_ident()
         self._lock_tried = False
+        self._idle_refresh_delay = 0.0  # seconds; 0 while the last idle refresh was fresh
+        self._idle_refresh_due = 0.0  # monotonic time of the next idle refresh allowed
         # Graph transactions run on one writer thread (in order) while the main thread
         # decodes the next batch.
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graph-writer")
@@ -272,8 +278,8 @@ class ConsumerService:
                 self.recovery.check_graph_kept()
                 self.refreshes.catch_up()
                 self._maybe_publish(force=True)
-                if self.publications.idle:
-                    self.refresh_if_stale()
+                if self.publications.idle and time.monotonic() >= self._idle_refresh_due:
+                    self._idle_refresh()
                 # Retried like every other write: a Redis outage while it was due
                 # stopped an idle consumer (exit 2).
                 self.recovery.retry("renewing the score back buffers",
@@ -307,6 +313,7 @@ class ConsumerService:
         """
         started = time.perf_counter()
         mirror = self._mirror()
+        self._idle_refresh_delay = self._idle_refresh_due = 0.0  # new events: try again
         # Planning only reads the graph (and interns new URLs), so it runs while the
         # engines still refresh after the previous batch.
         planned = mirror.plan(batch.events, batch.next_offsets, len(batch.records),
@@ -426,9 +433,24 @@ class ConsumerService:
         mirror = self.mirror
         if mirror is None or all(self.stats.fresh.get(a, True) for a in mirror.start_reports):
             return False
-        self.refreshes.now()
+        reports = self.refreshes.now()
         self._maybe_publish(force=True)  # does not wait; stats.fresh updates when it lands
+        if all(report.fresh for report in reports.values()):
+            self._idle_refresh_delay = 0.0
+        else:
+            self._idle_refresh_delay = min(max(1.0, 2.0 * self._idle_refresh_delay),
+                                           MAX_IDLE_REFRESH_DELAY_S)
+            log.warning("refreshed while idle and still not fresh; trying again later",
+                        extra={"fields": {
+                            "retry_in_s": self._idle_refresh_delay,
+                            "relative_bound": {a: float(f"{r.relative_bound:.3g}")
+                                               for a, r in reports.items()}}})
         return True
+
+    def _idle_refresh(self) -> None:
+        """:meth:`refresh_if_stale`, at most once per current delay."""
+        if self.refresh_if_stale() and self._idle_refresh_delay:
+            self._idle_refresh_due = time.monotonic() + self._idle_refresh_delay
 
     def _maybe_publish(self, *, force: bool = False) -> None:
         """Start a publication if one is due (see :mod:`consumer.publishing`); never

@@ -772,3 +772,49 @@ def test_max_seconds_past_what_a_timer_can_wait_is_no_limit_not_a_traceback(monk
     with pytest.raises(ServiceUnavailable):
         service.run()
     assert timers == []
+
+
+def test_idle_refreshes_that_stay_unfresh_back_off(monkeypatch):
+    """A refresh that cannot make the scores fresh (max_iter too low for the damping)
+    was repeated, max_iter sweeps each time, at every empty poll; now after 1 s, 2 s,
+    4 s... up to MAX_IDLE_REFRESH_DELAY_S, and at once again after new events."""
+    from types import SimpleNamespace
+
+    import consumer.service as service_module
+    from consumer.options import ConsumeOptions
+    from consumer.service import MAX_IDLE_REFRESH_DELAY_S, ConsumerService
+    from rankstream.settings import Settings
+
+    monkeypatch.setenv("RANKSTREAM_REDIS_URL", "redis://127.0.0.1:1/0")
+    service = ConsumerService(Settings(), ConsumeOptions())
+    clock = [1000.0]
+    monkeypatch.setattr(service_module.time, "monotonic", lambda: clock[0])
+    outcome = {"fresh": False}
+    refreshes: list[float] = []
+
+    class Refreshes:
+        def now(self):
+            refreshes.append(clock[0])
+            return {"pagerank": SimpleNamespace(fresh=outcome["fresh"], relative_bound=0.5)}
+
+    service.mirror = SimpleNamespace(start_reports={"pagerank": None})  # type: ignore[assignment]
+    service.stats.fresh = {"pagerank": False}
+    service.refreshes = Refreshes()  # type: ignore[assignment]
+    service._maybe_publish = lambda **kwargs: None  # type: ignore[method-assign]
+
+    def idle_polls(seconds: float) -> None:  # one empty poll every 50 ms
+        for _ in range(int(seconds / 0.05)):
+            if clock[0] >= service._idle_refresh_due:
+                service._idle_refresh()
+            clock[0] += 0.05
+
+    idle_polls(8.0)
+    assert [round(at - 1000.0) for at in refreshes] == [0, 1, 3, 7]
+    idle_polls(2000.0)
+    gaps = [b - a for a, b in zip(refreshes, refreshes[1:], strict=False)]
+    assert max(gaps) == pytest.approx(MAX_IDLE_REFRESH_DELAY_S, abs=0.1)
+    count = len(refreshes)
+    service._idle_refresh_delay = service._idle_refresh_due = 0.0  # as a new batch does
+    outcome["fresh"] = True
+    idle_polls(0.2)
+    assert len(refreshes) == count + 4  # fresh again: no delay (stats.fresh lags)
