@@ -659,6 +659,7 @@ def test_max_seconds_stops_a_consumer_blocked_in_retries_at_start(monkeypatch):
         raise ServiceUnavailable("kafka: no broker")
 
     monkeypatch.setattr(service_module, "ensure_settings_topics", no_broker)
+    monkeypatch.setattr(service_module, "check_redis_fits", lambda client: None)
     service = ConsumerService(Settings(), ConsumeOptions(
         max_seconds=0.3, backoff_initial_s=0.01, backoff_max_s=0.05, stop_grace_s=0.3))
     service.recovery.wait_for_redis = lambda within_s, stop_event: None
@@ -778,6 +779,7 @@ def test_idle_refreshes_that_stay_unfresh_back_off(monkeypatch):
     """A refresh that cannot make the scores fresh (max_iter too low for the damping)
     was repeated, max_iter sweeps each time, at every empty poll; now after 1 s, 2 s,
     4 s... up to MAX_IDLE_REFRESH_DELAY_S, and at once again after new events."""
+    import itertools
     from types import SimpleNamespace
 
     import consumer.service as service_module
@@ -811,7 +813,7 @@ def test_idle_refreshes_that_stay_unfresh_back_off(monkeypatch):
     idle_polls(8.0)
     assert [round(at - 1000.0) for at in refreshes] == [0, 1, 3, 7]
     idle_polls(2000.0)
-    gaps = [b - a for a, b in zip(refreshes, refreshes[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(refreshes)]
     assert max(gaps) == pytest.approx(MAX_IDLE_REFRESH_DELAY_S, abs=0.1)
     count = len(refreshes)
     service._idle_refresh_delay = service._idle_refresh_due = 0.0  # as a new batch does
