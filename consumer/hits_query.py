@@ -283,14 +283,20 @@ def _top(urls: list[str], scores: np.ndarray, k: int, distance: float) -> list[S
     # exactly 0 after the fallback): listing it would depend on which path answered.
     order = np.argsort(-scores, kind="stable")
     if order.size > 1:
-        # Runs of neighbours within 1e-12 of the top score, or within twice the
-        # distance from the limit, of each other are one tie, listed by URL (rounding
-        # to a grid would split ties straddling a grid line). Scores that close may
-        # have one limit: exactly tied pages came out ordered by what the iteration
-        # left (1e-9 apart at tol 1e-8, a review).
+        # A tie group is the pages within 1e-12 of the top score, or within twice the
+        # distance from the limit, of the group's highest score, listed by URL
+        # (rounding to a grid would split ties straddling a grid line). Scores that
+        # close may have one limit: exactly tied pages came out ordered by what the
+        # iteration left (1e-9 apart at tol 1e-8, a review). Measured from the head,
+        # not neighbour to neighbour: a chain of small steps joined pages 0.06 apart.
         ranked = scores[order]
-        tie = np.abs(np.diff(ranked)) <= max(1e-12 * float(ranked[0]), 2.0 * distance)
-        group = np.concatenate([[0], np.cumsum(~tie)])
+        width = max(1e-12 * float(ranked[0]), 2.0 * distance)
+        group = np.empty(ranked.size, dtype=np.int64)
+        head, current = float(ranked[0]), 0
+        for i, value in enumerate(ranked.tolist()):
+            if head - value > width:
+                head, current = value, current + 1
+            group[i] = current
         order = order[np.lexsort((order, group))]
     order = order[:k]
     return [ScoredPage(urls[i], float(scores[i])) for i in order

@@ -185,6 +185,10 @@ class Recovery:
         except ValueError as exc:
             raise ServiceError(f"{self.keys.graph} version is not a number: {raw!r}") from exc
         if stored != self.committed[0]:
+            if not self.retry("checking the lease", self.lock.still_ours):
+                # Another holder moved it on (the renewal thread may not have said so
+                # yet): continue, rebuild or stop as for any lapsed lease.
+                self.regain_lease()
             raise self._graph_moved(stored)
 
     def _graph_moved(self, stored: int) -> MirrorStale:

@@ -132,6 +132,8 @@ def send_swap(client: redis.Redis, publication: Publication, *, scripts: bool,
         if transient_refusal(exc):  # out of memory, a read-only replica...: retried
             raise ServiceUnavailable(f"score publication refused by Redis for now: {exc}"
                                      ) from exc
+        if "WRONGTYPE" in str(exc) and fence is not None:
+            fence.still_ours()  # LockNotString (lost set) if the lease key is the one
         hint = (" (a Redis user without EVAL: run the consumer with --plain-writes)"
                 if isinstance(exc, redis.exceptions.NoPermissionError) else "")
         raise ServiceError(f"score publication failed in Redis: {exc}{hint}") from exc

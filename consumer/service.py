@@ -275,6 +275,12 @@ class ConsumerService:
                 # Idle: publish what is pending now (without waiting for it).
                 self.refreshes.collect()
                 self._settle_commit()
+                if self.lock.lost.is_set():
+                    # An idle consumer makes no fenced write that would notice another
+                    # one took the lease: continue, rebuild or stop now, as one would.
+                    # First: a graph another holder moved on is not a rollback to
+                    # rebuild from while it writes, but a reason to stop.
+                    self.recovery.regain_lease()
                 self.recovery.check_graph_kept()
                 self.refreshes.catch_up()
                 self._maybe_publish(force=True)
@@ -284,10 +290,6 @@ class ConsumerService:
                 # stopped an idle consumer (exit 2).
                 self.recovery.retry("renewing the score back buffers",
                                     self.publications.renew_buffers)
-                if self.lock.lost.is_set():
-                    # An idle consumer makes no fenced write that would notice another
-                    # one took the lease: continue, rebuild or stop now, as one would.
-                    self.recovery.regain_lease()
                 self._heartbeat()
                 return 0
             self.process(batch, polled_at=polled_at if polled else None)

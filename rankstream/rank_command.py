@@ -98,7 +98,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     _check(args)
     limits = Limits.from_settings(settings)
     damping = settings.damping if args.damping is None else args.damping
-    if not tolerance_floor(damping) < 1.0:
+    if args.algorithm != "hits" and not tolerance_floor(damping) < 1.0:
         # Else the default tolerance (the floor) was refused as "must be below 1",
         # a tolerance the user never gave.
         raise InputError(f"damping {damping!r} is too close to 1: float64 cannot certify "

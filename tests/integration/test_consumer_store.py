@@ -231,6 +231,17 @@ def test_a_lease_key_of_another_type_stops_writes_with_a_service_error(isolated,
     with pytest.raises(LockNotString):
         ConsumerLock(client, key, ttl_ms=5000).acquire()
     assert not client.exists(keys.graph)
+    from consumer.publication import Publication
+    from consumer.score_swap import send_swap
+
+    swap = Publication(publication_id="p1", chunks=[], swap=[], checks=[], meta_checks=[],
+                       summary=[], urls=None, swapped={}, meta_key=keys.meta("pagerank"),
+                       reports={})
+    for scripts in (True, False):  # the scripted swap's WRONGTYPE said "failed in Redis"
+        lock.lost.clear()
+        with pytest.raises(LockNotString):
+            send_swap(client, swap, scripts=scripts, fence=lock)
+        assert lock.lost.is_set()
     client.delete(key)
 
 

@@ -128,6 +128,9 @@ def test_a_damping_too_close_to_1_is_named_not_a_tolerance_never_given(
     assert main(["rank", "--edges", str(edges), "--damping", "0.99999999999999"]) == 2
     err = capsys.readouterr().err
     assert "damping 0.99999999999999 is too close to 1" in err and len(err.splitlines()) == 1
+    # HITS has no damping: the setting does not concern it.
+    assert main(["rank", "--edges", str(edges), "--damping", "0.99999999999999",
+                 "--algorithm", "hits"]) == 0
 
 
 def test_verify_fails_when_the_certificates_do_not_cover_the_difference(
