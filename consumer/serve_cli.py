@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
     parser.add_argument("--cache-ttl", type=int, default=DEFAULT_CACHE_TTL, metavar="S",
                         help=f"seconds a cached HITS answer lives (default {DEFAULT_CACHE_TTL})")
-    parser.add_argument("--log-level", default="info",
+    parser.add_argument("--log-level", default="info", type=str.lower,  # either case
                         choices=("critical", "error", "warning", "info", "debug"))
 
 

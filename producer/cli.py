@@ -25,7 +25,7 @@ from pathlib import Path
 
 from producer.schema import Event, Limits, PageEvent, iter_events
 from rankstream.errors import ConfigError, InputError, ServiceError
-from rankstream.input_files import check_readable
+from rankstream.input_files import check_readable, input_path
 from rankstream.settings import Settings
 
 __all__ = ["LogPosition", "ReplaySummary", "add_arguments", "log_events",
@@ -35,7 +35,7 @@ __all__ = ["LogPosition", "ReplaySummary", "add_arguments", "log_events",
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
-        "file", nargs="?", type=Path, metavar="FILE.jsonl[.gz]",
+        "file", nargs="?", type=input_path, metavar="FILE.jsonl[.gz]",
         help="JSON-lines event log to replay (gzip detected by content; - for stdin)",
     )
     source.add_argument(

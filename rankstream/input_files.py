@@ -14,6 +14,7 @@ cannot give back what a probe took, and reading one twice silently lost its firs
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gzip
 import io
@@ -22,6 +23,7 @@ import stat
 import sys
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO, Any, cast
 
 from rankstream.errors import InputError
@@ -49,6 +51,28 @@ def _opened(name: str) -> IO[bytes]:
         return open(name, "rb")
     except OSError as exc:
         raise _unreadable(name, exc) from exc
+
+
+def input_path(text: str) -> Path:
+    """An argparse ``type`` for an input file: ``Path("")`` is ``.``, and an empty
+    argument was reported as "cannot read: is a directory"."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path")
+    return Path(text)
+
+
+def same_input(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two inputs are one file: ``-`` is this process's stdin, and so are
+    ``/dev/stdin`` and ``/dev/fd/0`` (by device and inode, as any two names of a file)."""
+    def identity(path: str | os.PathLike[str]) -> tuple[int, int] | str:
+        name = os.fspath(path)
+        try:
+            found = os.fstat(0) if name == STDIN else os.stat(name)
+        except OSError:
+            return os.path.abspath(name)
+        return found.st_dev, found.st_ino
+
+    return identity(a) == identity(b)
 
 
 def check_readable(path: str | os.PathLike[str]) -> None:

@@ -14,13 +14,13 @@ import itertools
 import math
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from rankstream.edgelist import read_edges
 from rankstream.errors import ConvergenceError, InputError, RankstreamError
+from rankstream.input_files import input_path, same_input
 from rankstream.settings import Settings
 
 if TYPE_CHECKING:
@@ -37,11 +37,11 @@ T = TypeVar("T")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--edges", type=Path,
+    parser.add_argument("--edges", type=input_path,
                         help="src<TAB>dst lines, optionally gzipped, '-' for stdin; keys are "
                         "taken verbatim, while event URLs are canonicalised; blank lines and "
                         "lines starting with '#' are skipped")
-    parser.add_argument("--events", type=Path,
+    parser.add_argument("--events", type=input_path,
                         help="JSON-lines event log applied on top ('-' for stdin)")
     parser.add_argument("--batch-size", type=int, default=1000, help="events per refresh")
     parser.add_argument("--algorithm", default="pagerank", help="pagerank | wpr | hits")
@@ -72,7 +72,8 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError("give --edges FILE, --events FILE, or both")
     if not 1 <= args.batch_size <= MAX_BATCH_SIZE:
         raise InputError(f"--batch-size must be between 1 and {MAX_BATCH_SIZE:,}")
-    if args.edges is not None and args.edges == args.events:
+    if args.edges is not None and args.events is not None and same_input(args.edges,
+                                                                          args.events):
         # Whichever is read first would take the whole stream, and the other nothing.
         raise InputError("--edges and --events name the same input")
     if args.top is not None and args.top < 1:

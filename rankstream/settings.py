@@ -4,12 +4,14 @@ Every value can be set by an environment variable prefixed ``RANKSTREAM_``
 (``RANKSTREAM_REDIS_URL``, ``RANKSTREAM_KAFKA_BOOTSTRAP``, ...) or a ``.env`` file.
 Only the two entry points call :func:`load_settings`: :func:`rankstream.cli.main`
 and ``python -m rankstream.services`` (what ``./run`` calls). Library code takes
-explicit arguments and never reads ``os.environ``.
+explicit arguments and never reads ``os.environ``. A ``RANKSTREAM_`` name that no
+setting has is an error, not ignored (``RANKSTREAM_SOAK_*`` aside: the soak test's).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -29,6 +31,10 @@ from rankstream.errors import ConfigError
 
 ENV_FILE = Path(".env")  # read from the working directory, as pydantic-settings does
 _SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")  # RFC 3986, section 3.1 (lower-cased)
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")  # Kafka's rule (and not "." or "..")
+ENV_PREFIX = "RANKSTREAM_"
+# Read by the soak test's harness, not settings (docs/reliability.md).
+_NOT_SETTINGS_PREFIX = "RANKSTREAM_SOAK_"
 
 
 def _check_host(host: str) -> None:
@@ -155,6 +161,15 @@ class Settings(BaseSettings):
         "Redis has not changed since; empty: no snapshots",
     )
 
+    @field_validator("damping")
+    @classmethod
+    def _damping_leaves_a_tolerance(cls, value: float) -> float:
+        # Else the error named RANKSTREAM_TOLERANCE, which nobody set ("at damping 1").
+        if not 1e-12 * 0.15 / (1.0 - value) < 1.0:
+            raise ValueError(f"{value!r} is too close to 1: float64 cannot certify any "
+                             "relative tolerance below 1 there")
+        return value
+
     @field_validator("tolerance")
     @classmethod
     def _tolerance_above_the_floor(cls, value: float, info: ValidationInfo) -> float:
@@ -165,7 +180,7 @@ class Settings(BaseSettings):
         if damping is not None:
             floor = 1e-12 * max(1.0, 0.15 / (1.0 - damping))
             if value < floor:
-                raise ValueError(f"must be at least {floor:.3g} at damping {damping:g} "
+                raise ValueError(f"must be at least {floor:.3g} at damping {damping!r} "
                                  "(below it the residual is float64 rounding noise)")
         return value
 
@@ -193,6 +208,37 @@ class Settings(BaseSettings):
         if db and not db.isdigit():
             raise ValueError(f"the database must be a number {advice}")
         return value
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _text_is_utf8(cls, value: object) -> object:
+        # Non-UTF-8 bytes in an environment variable reach Python as lone surrogates,
+        # which a str field took and every Redis or Kafka call then failed to encode
+        # (a traceback from `rankstream status` with such a key prefix).
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("not valid UTF-8 text") from None
+        return value
+
+    @field_validator("topic", "dlq_topic")
+    @classmethod
+    def _topic_name(cls, value: str) -> str:
+        # Kafka's rule, checked here and not by the first call to a broker (which
+        # `rankstream produce` waited 30 s for when none answered).
+        if not _TOPIC.fullmatch(value) or value in {".", ".."}:
+            raise ValueError(f"not a Kafka topic name: {value!r} (1-249 characters of "
+                             "A-Z a-z 0-9 . _ -)")
+        return value
+
+    @model_validator(mode="after")
+    def _dead_letters_elsewhere(self) -> Settings:
+        if self.topic == self.dlq_topic:
+            # Each dead letter would be read back as an event, fail again, and be sent
+            # again, for ever.
+            raise ValueError("RANKSTREAM_DLQ_TOPIC must differ from RANKSTREAM_TOPIC")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -271,7 +317,8 @@ class Settings(BaseSettings):
     @field_validator("snapshot_dir", mode="before")
     @classmethod
     def _empty_means_none(cls, value: object) -> object:
-        return None if value == "" else value
+        # Blank too: " " was a relative directory named by a space.
+        return None if isinstance(value, str) and not value.strip() else value
 
     # --- Local services (./run services) --------------------------------------
     cache_dir: Path = Field(default_factory=_default_cache_dir, description=(
@@ -296,14 +343,36 @@ def _check_env_file(path: Path = ENV_FILE) -> None:
         return
     with path.open(encoding="utf-8") as stream:
         for binding in parse_stream(stream):
-            if binding.error:
+            # A line without "=" (RANKSTREAM_DAMPING:0.5) parses as a name without a
+            # value, which pydantic-settings ignored as silently as a bad line.
+            if binding.error or (binding.key is not None and binding.value is None):
                 raise ConfigError(f"cannot read the .env file: line {binding.original.line} "
                                   "is not NAME=value (an unclosed quote?)")
+            if binding.key is not None:
+                _check_name(binding.key, "in the .env file")
+
+
+def _check_name(name: str, where: str) -> None:
+    """ConfigError for a RANKSTREAM_ name that no setting has (a misspelling would
+    otherwise be ignored: RANKSTREAM_DAMPLING=0.5 ranked at the default 0.85)."""
+    import difflib
+
+    upper = name.upper()
+    if not upper.startswith(ENV_PREFIX) or upper.startswith(_NOT_SETTINGS_PREFIX):
+        return
+    known = [ENV_PREFIX + field.upper() for field in Settings.model_fields]
+    if upper in known:
+        return
+    close = difflib.get_close_matches(upper, known, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise ConfigError(f"unknown setting {name} {where}{hint}")
 
 
 def load_settings(**overrides: object) -> Settings:
     """Read the environment once and validate it; a bad value is a ConfigError."""
     try:
+        for name in os.environ:
+            _check_name(name, "in the environment")
         _check_env_file()
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:

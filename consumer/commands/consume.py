@@ -25,15 +25,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="no server-side scripts: plain HSETs for new pages' id maps and "
                              "a WATCHed MULTI for the score swap (for Redis ACLs without "
                              "scripting)")
-    parser.add_argument("--log-level", default="INFO",
+    parser.add_argument("--log-level", default="INFO", type=str.upper,
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+MAX_LOCK_TTL_MS = 86_400_000
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.max_seconds is not None and not args.max_seconds > 0:  # NaN fails this too
         raise ConfigError("--max-seconds must be positive")
-    if args.lock_ttl_ms < 1000:
-        raise ConfigError("--lock-ttl-ms must be at least 1000")
+    if not 1000 <= args.lock_ttl_ms <= MAX_LOCK_TTL_MS:
+        # Past Redis' range it failed only at the lease, as "redis: cannot take...".
+        raise ConfigError(f"--lock-ttl-ms must be between 1000 and {MAX_LOCK_TTL_MS} (a day)")
     setup_json_logging(args.log_level)
     options = ConsumeOptions(until_caught_up=args.until_caught_up, max_seconds=args.max_seconds,
                              lock_ttl_ms=args.lock_ttl_ms, bulk_writes=not args.plain_writes)

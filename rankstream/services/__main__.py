@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
 
+from rankstream.cli import OneLineParser, one_line
 from rankstream.errors import RankstreamError
 from rankstream.services import command
 from rankstream.settings import load_settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(  # misuse: one line and exit 2, as every other command
         prog="python -m rankstream.services",
         description="Start, stop and inspect the local Kafka broker and redis-server.",
     )
@@ -24,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not as noise at exit
         return code
     except RankstreamError as exc:
-        sys.stderr.write(f"rankstream services {args.action}: error: {exc}\n")
+        sys.stderr.write(one_line(f"rankstream services {args.action}: error: {exc}") + "\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write(f"rankstream services {args.action}: interrupted\n")

@@ -45,6 +45,8 @@ def one_line_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     (["hits", "python", "--cache-ttl", "99999999999999999999"], "--cache-ttl"),
     (["serve", "--cache-ttl", "86401"], "must be an integer in [1, 86400]"),
     (["serve", "--cache-ttl", "0"], "must be an integer in [1, 86400]"),
+    # Past Redis' range the lease refused it as "redis: cannot take the consumer lock".
+    (["consume", "--lock-ttl-ms", "99999999999999999999"], "between 1000 and 86400000"),
 ])
 def test_bad_arguments_are_refused_before_connecting(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -137,3 +139,31 @@ def test_consume_with_redis_down_keeps_to_max_seconds(
     err = one_line_error(["consume", "--max-seconds", "1"], capsys)
     assert time.monotonic() - started < 20
     assert "redis unavailable" in err and "release" not in err
+
+
+def test_the_services_entry_point_misused_is_one_line_exit_2(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m rankstream.services`` (what ./run calls) printed argparse's usage."""
+    from rankstream.services.__main__ import main as services_main
+
+    with pytest.raises(SystemExit) as exited:
+        services_main(["bogus"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'bogus'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_stdin_by_two_names_is_one_input(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--edges /dev/stdin --events -`` read the edges and then found no events."""
+    err = one_line_error(["rank", "--edges", "/dev/stdin", "--events", "-"], capsys)
+    assert "--edges and --events name the same input" in err
+
+
+@pytest.mark.parametrize("argv", [["rank", "--edges", ""], ["produce", ""]])
+def test_an_empty_path_is_named(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Path("") is "." and was reported as "cannot read: is a directory"."""
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "an empty path" in err and len(err.strip().splitlines()) == 1

@@ -289,6 +289,15 @@ def test_a_failed_write_of_the_output_is_one_line_exit_2(
         ("REDIS_URL", "redis://:s3cr/secret@localhost:6379/0", "bad port"),
         ("REDIS_URL", "redis://:se#cret@localhost:6379/0", "bad port"),
         ("REDIS_URL", "http://127.0.0.1:6379/0", "must be redis://host:port/db"),
+        # Non-UTF-8 bytes in the environment: a traceback from every Redis call.
+        ("KEY_PREFIX", "rs\udcff:", "not valid UTF-8"),
+        ("REDIS_PASSWORD", "\udcff", "not valid UTF-8"),
+        # Checked by the first broker call only (produce waited 30 s for none).
+        ("TOPIC", "bad topic", "not a Kafka topic name"),
+        ("DLQ_TOPIC", "", "not a Kafka topic name"),
+        ("TOPIC", "..", "not a Kafka topic name"),
+        # "damping 1" before, and blamed on a tolerance nobody set.
+        ("DAMPING", "0.9999999999999", "0.9999999999999 is too close to 1"),
     ],
 )
 def test_a_bad_setting_is_one_line_exit_2(
@@ -314,6 +323,45 @@ def test_an_env_file_that_is_not_utf8_is_one_line_exit_2(
     err = capsys.readouterr().err
     assert "cannot read the .env file: not UTF-8" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("where", "line", "message"), [
+    ("env", "RANKSTREAM_DAMPLING=0.5", "unknown setting RANKSTREAM_DAMPLING in the "
+                                       "environment (did you mean RANKSTREAM_DAMPING?)"),
+    ("env", "rankstream_tolerence=1e-6", "unknown setting rankstream_tolerence in the "
+                                         "environment (did you mean RANKSTREAM_TOLERANCE?)"),
+    ("file", "RANKSTREAM_DAMPLING=0.5", "unknown setting RANKSTREAM_DAMPLING in the .env file"),
+    ("file", "RANKSTREAM_DAMPING:0.5", "line 1 is not NAME=value"),
+    ("file", "RANKSTREAM_DAMPING", "line 1 is not NAME=value"),
+    ("both", "RANKSTREAM_TOPIC=same", "RANKSTREAM_DLQ_TOPIC must differ from RANKSTREAM_TOPIC"),
+])
+def test_settings_that_would_be_ignored_or_loop_are_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    where: str, line: str, message: str,
+) -> None:
+    """A misspelled name, a .env line without "=", each silently ignored (the rank
+    ran at the default damping); dead letters sent to the event topic would be read
+    back and sent again for ever."""
+    (tmp_path / "good.tsv").write_text(FIG2)
+    monkeypatch.chdir(tmp_path)
+    name, _, value = line.partition("=")
+    if where == "env":
+        monkeypatch.setenv(name, value)
+    elif where == "file":
+        (tmp_path / ".env").write_text(line + "\n")
+    else:
+        monkeypatch.setenv("RANKSTREAM_TOPIC", "same")
+        monkeypatch.setenv("RANKSTREAM_DLQ_TOPIC", "same")
+    assert main(["rank", "--edges", "good.tsv"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_soak_knobs_and_blank_snapshot_dirs_are_not_errors(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANKSTREAM_SOAK_SECONDS", "60")  # the soak harness's, not a setting
+    monkeypatch.setenv("RANKSTREAM_SNAPSHOT_DIR", " ")
+    assert load_settings().snapshot_dir is None  # not a directory named " "
 
 
 def test_allowed_schemes_take_a_comma_list_or_json(monkeypatch: pytest.MonkeyPatch) -> None:
