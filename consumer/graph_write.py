@@ -97,6 +97,13 @@ class GraphCounters:
         return {"version": self.version, "links": self.links, "pages": self.pages,
                 "ids": self.ids, "stale_ignored": self.stale_ignored, "dlq": self.dlq}
 
+    @property
+    def progress(self) -> int:
+        """Messages the graph has taken account of: applied, stale or dead-lettered.
+        Grows with every batch that holds any (the version alone stands still over a
+        batch of dead letters, so a Redis that lost only such batches looked intact)."""
+        return self.version + self.stale_ignored + self.dlq
+
     @classmethod
     def from_redis(cls, raw: Mapping[bytes, bytes]) -> GraphCounters:
         known = cls().as_mapping()
@@ -310,7 +317,8 @@ def bookkeeping_commands(keys: Keys, write: GraphWrite, *, bulk: bool = False
 # -- execution -----------------------------------------------------------------------
 
 class GraphMoved(ServiceError):
-    """Redis holds another graph version than the last transaction we committed.
+    """Redis holds another graph (its counters' progress, see
+    :attr:`GraphCounters.progress`) than the last transaction we committed.
 
     Older: it lost acknowledged writes (a failover to a replica that lagged, a
     restore from a backup). Committing on top would lose those batches for good and
@@ -321,22 +329,22 @@ class GraphMoved(ServiceError):
     def __init__(self, stored: int, expected: int) -> None:
         what = ("it lost acknowledged writes" if stored < expected
                 else "another writer moved it on")
-        super().__init__(f"Redis holds graph version {stored} where version {expected} "
-                         f"was committed: {what}")
+        super().__init__(f"Redis holds a graph of {stored} messages where {expected} "
+                         f"were committed: {what}")
         self.stored = stored
         self.expected = expected
 
 
 def commit_graph(client: redis.Redis, keys: Keys, write: GraphWrite, *,
                  fence: Any | None = None, bulk: bool = True,
-                 after_version: int | None = None) -> int:
+                 after: GraphCounters | None = None) -> int:
     """Run the batch's MULTI/EXEC; return the number of commands in it.
 
     ``fence`` is a :class:`consumer.lock.ConsumerLock`: the lease is WATCHed and
     checked before MULTI, so EXEC aborts (``redis.WatchError``) if it changed.
-    ``after_version``: the graph version of the last transaction committed before
-    this one. ``P graph`` is WATCHed too and must hold it (or this write's own
-    version: a re-send after a connection error whose first attempt committed), else
+    ``after``: the counters of the last transaction committed before this one.
+    ``P graph`` is WATCHed too and must hold their progress (or this write's own: a
+    re-send after a connection error whose first attempt committed), else
     :class:`GraphMoved`: a valid lease alone does not show that Redis kept our
     writes. Connection errors propagate untranslated (the caller retries the
     identical write); an error reply raises :class:`consumer.resp.TransactionFailed`.
@@ -356,20 +364,23 @@ def commit_graph(client: redis.Redis, keys: Keys, write: GraphWrite, *,
         conn = stack.enter_context(pooled_connection(client))
         if fence is not None:
             fence.check_on(conn)
-        if after_version is not None:
-            _check_version(conn, keys, after_version, write.counters.version)
+        if after is not None:
+            conn.send_packed_command([command("WATCH", keys.graph),
+                                      command("HMGET", keys.graph, *PROGRESS_FIELDS)])
+            conn.read_response()
+            stored = stored_progress(keys, conn.read_response())
+            if stored not in (after.progress, write.counters.progress):
+                raise GraphMoved(stored, after.progress)
         transaction(conn, payload, count)
     return count
 
 
-def _check_version(conn: Any, keys: Keys, after: int, own: int) -> None:
-    conn.send_packed_command([command("WATCH", keys.graph),
-                              command("HGET", keys.graph, "version")])
-    conn.read_response()
-    raw = conn.read_response()
+PROGRESS_FIELDS = ("version", "stale_ignored", "dlq")  # GraphCounters.progress
+
+
+def stored_progress(keys: Keys, values: Sequence[Any]) -> int:
+    """:attr:`GraphCounters.progress` from an ``HMGET`` of :data:`PROGRESS_FIELDS`."""
     try:
-        stored = int(raw or 0)
+        return sum(int(value or 0) for value in values)
     except ValueError as exc:
-        raise ServiceError(f"{keys.graph} version is not a number: {raw!r}") from exc
-    if stored not in (after, own):
-        raise GraphMoved(stored, after)
+        raise ServiceError(f"{keys.graph} counters are not numbers: {values!r}") from exc

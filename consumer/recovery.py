@@ -15,7 +15,7 @@ The decisions (see also docs/redis-keys.md):
   holds the lease we stop with an error.
 * Redis went back (it lost acknowledged writes: a failover to a replica that
   lagged, a restore from a backup) while our lease stayed valid: each graph
-  transaction checks that ``P graph`` still holds the version last committed
+  transaction checks that ``P graph`` still holds the counters last committed
   (:class:`consumer.graph_write.GraphMoved`), and so does every idle poll; if not,
   the mirror is rebuilt from Redis and Kafka re-read from the offsets stored there
   (:class:`MirrorStale`), so the lost batches are applied again.
@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from consumer.graph_write import GraphMoved
+from consumer.graph_write import PROGRESS_FIELDS, GraphCounters, GraphMoved, stored_progress
 from consumer.keys import Keys
 from consumer.lock import ConsumerLock, LockHeld, LockLost
 from consumer.redis_store import redis_errors
@@ -117,9 +117,10 @@ class Recovery:
         self.stop_grace_s = stop_grace_s
         self._set_state = set_state
         self.stop_requested_at: float | None = None  # monotonic time of a stop request
-        # (graph version, P offsets fields) as of the last transaction that committed:
-        # what Redis must still hold for a re-taken lease to carry on.
-        self.committed: tuple[int, dict[str, int]] = (0, {})
+        # (graph counters, P offsets fields) as of the last transaction that committed:
+        # what Redis must still hold for a re-taken lease to carry on, and for the
+        # next transaction (GraphCounters.progress).
+        self.committed: tuple[GraphCounters, dict[str, int]] = (GraphCounters(), {})
         self._mutex = threading.Lock()
         self._held_by_another = False  # a regain found the lease taken: stop, all threads
 
@@ -172,31 +173,28 @@ class Recovery:
                 raise self._graph_moved(exc.stored) from exc
 
     def check_graph_kept(self) -> None:
-        """Raise :class:`MirrorStale` unless ``P graph`` holds the version last
+        """Raise :class:`MirrorStale` unless ``P graph`` holds the counters last
         committed (called while idle, with no transaction in flight: a rollback of
         Redis is otherwise found only by the next batch's transaction)."""
-        def stored_version() -> Any:
-            with redis_errors("checking the stored graph version"):
-                return self.client.hget(self.keys.graph, "version")
+        def stored() -> Any:
+            with redis_errors("checking the stored graph"):
+                return self.client.hmget(self.keys.graph, list(PROGRESS_FIELDS))
 
-        raw = self.retry("checking the stored graph version", stored_version)
-        try:
-            stored = int(raw or 0)
-        except ValueError as exc:
-            raise ServiceError(f"{self.keys.graph} version is not a number: {raw!r}") from exc
-        if stored != self.committed[0]:
+        progress = stored_progress(self.keys, self.retry("checking the stored graph", stored))
+        if progress != self.committed[0].progress:
             if not self.retry("checking the lease", self.lock.still_ours):
                 # Another holder moved it on (the renewal thread may not have said so
                 # yet): continue, rebuild or stop as for any lapsed lease.
                 self.regain_lease()
-            raise self._graph_moved(stored)
+            raise self._graph_moved(progress)
 
     def _graph_moved(self, stored: int) -> MirrorStale:
-        expected = self.committed[0]
+        expected = self.committed[0].progress
         went_back = stored < expected
         log.warning("redis went back; rebuilding the mirror" if went_back
                     else "the stored graph moved on; rebuilding the mirror",
-                    extra={"fields": {"stored_version": stored, "committed_version": expected}})
+                    extra={"fields": {"stored_progress": stored,
+                                      "committed_progress": expected}})
         return MirrorStale(str(GraphMoved(stored, expected)))
 
     def regain_lease(self) -> None:
@@ -250,7 +248,7 @@ class Recovery:
                                                     stored_state)
         # Compared with the last transaction that committed (the mirror may already
         # hold the batch whose transaction was refused).
-        version, offsets = self.committed
+        version, offsets = self.committed[0].version, self.committed[1]
         ours = {k: str(v) for k, v in offsets.items()}
         raw: dict[bytes, bytes] = dict(stored_offsets)
         fields = ((k.decode("utf-8", "replace"), v.decode("utf-8", "replace"))

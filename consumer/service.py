@@ -174,7 +174,7 @@ class ConsumerService:
         tune_garbage_collector()
         tune_gil_switching()
         self.stats.load_seconds = self.mirror.load_seconds
-        self.recovery.committed = (self.mirror.counters.version, self.mirror.offsets_fields())
+        self.recovery.committed = (self.mirror.counters, self.mirror.offsets_fields())
         published = self.mirror.published
         retry("adopting the published scores", lambda: self.publisher.adopt_live(published))
         self.mirror.published = {}
@@ -469,10 +469,9 @@ class ConsumerService:
         recovery = self.recovery
         after = recovery.committed[0]
         recovery.fenced("committing the graph", lambda: commit_graph(
-            self.redis, self.keys, planned.write, fence=self.lock, bulk=bulk,
-            after_version=after))
+            self.redis, self.keys, planned.write, fence=self.lock, bulk=bulk, after=after))
         # Runs on the single writer thread, in batch order.
-        recovery.committed = (planned.write.counters.version,
+        recovery.committed = (planned.write.counters,
                               {**recovery.committed[1], **planned.write.offsets})
 
     def _rebuild(self) -> None:
@@ -487,7 +486,7 @@ class ConsumerService:
         self.mirror = self.recovery.retry(
             "rebuilding the mirror",
             lambda: Mirror.load(self.redis, self.keys, self.settings, warm=warm))
-        self.recovery.committed = (self.mirror.counters.version, self.mirror.offsets_fields())
+        self.recovery.committed = (self.mirror.counters, self.mirror.offsets_fields())
         self.recovery.resume()
         tune_garbage_collector()
         self.publications.publish_now(self.mirror, self.mirror.start_reports)

@@ -635,3 +635,60 @@ def test_a_foreign_write_found_while_draining_rebuilds_then_publishes(isolated, 
         exact = exact_scores(graph, algorithm, settings.damping)
         assert l1(published(client, settings.key_prefix, algorithm), exact) <= float(
             meta[b"bound"]) + 1e-9
+
+
+def test_every_title_of_a_batch_reaches_the_term_index(isolated):
+    """Two crawls of a page in one batch: the first one's title was never indexed,
+    so the index depended on where batches split (the review's "alpha" case)."""
+    settings = isolated.settings
+    url = "https://titles.example.org/"
+    publish(settings, [{"type": "page", "url": url, "links": [], "title": "alpha", "ts": 1},
+                       {"type": "page", "url": url, "links": [], "title": "beta", "ts": 2}])
+    consume(settings)
+    client = connect_redis(settings)
+    keys = Keys(settings.key_prefix)
+    assert client.hget(keys.graph, "version") == b"2"
+    page = client.hget(keys.page_id, url)
+    assert client.hget(keys.page_title, page) == b"beta"  # the last title is stored
+    for term in ("alpha", "beta"):  # both are found
+        assert client.smembers(f"{settings.key_prefix}term:{term}") == {page}
+
+
+def test_an_idle_consumer_finds_a_redis_that_went_back_and_reads_kafka_again(isolated,
+                                                                            caplog):
+    """Nothing new arrives, so no transaction would notice: the idle poll's check of
+    P graph does, and the consumer rebuilds and re-applies what Redis lost."""
+    import logging
+    import threading
+
+    settings = isolated.settings.model_copy(update={"poll_timeout_ms": 50})
+    keys = Keys(settings.key_prefix)
+    client = connect_redis(settings)
+    events = list(synthetic_event_dicts(300, seed=4))
+    publish(settings, events)
+    service = ConsumerService(settings, ConsumeOptions(max_seconds=60.0))
+    thread = threading.Thread(target=service.run, daemon=True)
+    with caplog.at_level(logging.INFO, logger="rankstream.consumer"):
+        thread.start()
+        deadline = time.monotonic() + 60
+
+        def version() -> int:
+            return int(client.hget(keys.graph, "version") or 0)
+
+        while version() < len(events) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert version() == len(events)
+        want = url_edges(client, settings)
+        # As a restore of a backup taken before any event (the lease kept, as a
+        # backup taken within its TTL holds it): the graph, its counters and offsets
+        # all gone.
+        names = [name for name in client.scan_iter(match=f"{settings.key_prefix}*")
+                 if name != keys.lock.encode()]
+        client.delete(*names)  # at once, as a restart from a backup would
+        while version() < len(events) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        service.request_stop("test")
+        thread.join(timeout=30)
+    assert url_edges(client, settings) == want
+    assert version() == len(events)
+    assert any(r.getMessage().startswith("redis went back") for r in caplog.records)

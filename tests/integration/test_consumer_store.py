@@ -112,30 +112,40 @@ def test_lease_of_a_dead_process_is_taken_over(isolated, client):
 
 
 def test_a_graph_transaction_refuses_a_redis_that_went_back(isolated, client):
-    """The version fence: P graph must hold the version committed last (or this
-    write's own, a re-send whose first attempt committed); a valid lease alone let a
-    consumer commit over a Redis that lost acknowledged writes."""
+    """The fence: P graph must hold the counters committed last (their progress:
+    applied + stale + dead-lettered messages), or this write's own (a re-send whose
+    first attempt committed); a valid lease alone let a consumer commit over a Redis
+    that lost acknowledged writes, and the version alone missed a lost batch of
+    dead letters."""
     from consumer.graph_write import GraphMoved
 
     keys = Keys(isolated.key_prefix)
     lock = ConsumerLock(client, keys.lock, ttl_ms=5000)
     lock.acquire()
 
-    def write(version: int) -> GraphWrite:
-        return GraphWrite(counters=GraphCounters(version=version),
-                          offsets={offset_field("t", 0): version})
+    def counters(version: int, dlq: int = 0) -> GraphCounters:
+        return GraphCounters(version=version, dlq=dlq)
 
-    commit_graph(client, keys, write(3), fence=lock, after_version=0)
-    commit_graph(client, keys, write(3), fence=lock, after_version=0)  # a re-send
-    commit_graph(client, keys, write(5), fence=lock, after_version=3)
+    def write(version: int, dlq: int = 0) -> GraphWrite:
+        return GraphWrite(counters=counters(version, dlq),
+                          offsets={offset_field("t", 0): version + dlq})
+
+    commit_graph(client, keys, write(3), fence=lock, after=counters(0))
+    commit_graph(client, keys, write(3), fence=lock, after=counters(0))  # a re-send
+    commit_graph(client, keys, write(5), fence=lock, after=counters(3))
     client.hset(keys.graph, "version", 3)  # Redis lost the last transaction
-    with pytest.raises(GraphMoved, match="version 3 where version 5 was committed: it "
+    with pytest.raises(GraphMoved, match="a graph of 3 messages where 5 were committed: it "
                                          "lost acknowledged writes"):
-        commit_graph(client, keys, write(7), fence=lock, after_version=5)
+        commit_graph(client, keys, write(7), fence=lock, after=counters(5))
     client.hset(keys.graph, "version", 9)
     with pytest.raises(GraphMoved, match="another writer"):
-        commit_graph(client, keys, write(7), fence=lock, after_version=5)
-    assert client.hget(keys.offsets, offset_field("t", 0)) == b"5"
+        commit_graph(client, keys, write(7), fence=lock, after=counters(5))
+    client.hset(keys.graph, "version", 5)
+    commit_graph(client, keys, write(5, dlq=2), fence=lock, after=counters(5))  # letters
+    client.hset(keys.graph, "dlq", 0)  # ... which Redis lost: same version, not the same
+    with pytest.raises(GraphMoved, match="5 messages where 7"):
+        commit_graph(client, keys, write(6, dlq=2), fence=lock, after=counters(5, dlq=2))
+    assert client.hget(keys.offsets, offset_field("t", 0)) == b"7"
     lock.release()
 
 
@@ -326,7 +336,7 @@ def _committed_once(client, keys: Keys) -> tuple[ConsumerLock, Recovery]:
                         stop_grace_s=1.0, set_state=lambda _state: None)
     commit_graph(client, keys, GraphWrite(counters=GraphCounters(version=1),
                                           offsets={"t:0": 10}), fence=lock)
-    recovery.committed = (1, {"t:0": 10})
+    recovery.committed = (GraphCounters(version=1), {"t:0": 10})
     return lock, recovery
 
 
@@ -358,7 +368,7 @@ def test_after_a_foreign_write_no_writer_thread_commits_until_the_rebuild(isolat
     assert client.hget(keys.graph, "version") == b"7"
     assert client.hget(keys.offsets, "t:0") == b"70"
     assert lock.still_ours()
-    recovery.committed = (7, {"t:0": 70})  # what the rebuild read back
+    recovery.committed = (GraphCounters(version=7), {"t:0": 70})  # the rebuild's
     recovery.resume()
     commit_graph(client, keys, GraphWrite(counters=GraphCounters(version=8),
                                           offsets={"t:0": 80}), fence=lock)

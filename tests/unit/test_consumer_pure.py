@@ -706,7 +706,7 @@ def test_a_dropped_connection_while_checking_for_foreign_writes_is_retried():
 
     recovery = Recovery(OneBlip(), LapsedLease(), Keys("rs:"), "t", ConsumerStats(),
                         Backoff(0.01, 0.02), stop_grace_s=30, set_state=lambda state: None)
-    recovery.committed = (7, {"t:0": 10})  # Redis holds what we committed: carry on
+    recovery.committed = (GraphCounters(version=7), {"t:0": 10})  # Redis holds it: carry on
     attempts = []
 
     def commit():
