@@ -30,12 +30,12 @@ SIGTERM/SIGINT: the current batch is finished and published, then a clean exit (
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import FrameType
 
@@ -212,6 +212,7 @@ class ConsumerService:
                                        ("max-seconds",))
             deadline.daemon = True
             deadline.start()
+        failed = False
         try:
             self.start()
             while not self.stop_event.is_set():
@@ -224,36 +225,67 @@ class ConsumerService:
                 self._rebuild()
                 self.drain()
             leave_snapshot(self.redis, self.keys, self.snapshot, self.mirror, self.publisher)
+        except BaseException:
+            # The worker threads may be retrying through an outage: without a stop
+            # request their retries never give up, and shutdown waited for them until
+            # Redis came back, holding the lease (a review).
+            failed = True
+            self.request_stop("error")
+            raise
         finally:
             if deadline is not None:
                 deadline.cancel()
-            self.shutdown()
+            self.shutdown(quiet=failed)
         log.info("consumer stopped", extra={"fields": {
             "reason": self.stop_reason, "events": self.stats.events,
             "batches": self.stats.batches}})
         return 0
 
-    def shutdown(self) -> None:
-        self._ranker.shutdown(wait=True)
-        self._writer.shutdown(wait=True)
-        self.publications.close()
-        if self._holding:
-            self._set_state("stopped", force=True)
-        self.status.close()
-        if self.source is not None:
-            # For lag tools: only what committed to Redis (the mirror may hold a batch
-            # whose transaction never did), and only while the lease is ours (a fenced
-            # consumer's offsets are not the group's).
-            ours = self.mirror is not None and not self.lock.lost.is_set()
-            self.source.close(topic_offsets(self.recovery.committed[1], self.settings.topic)
-                              if ours else None)
-        if self.dlq is not None:
-            self.dlq.close()
-        with contextlib.suppress(Exception):  # they expire anyway (BACK_TTL_MS)
-            self.publisher.release()
-        if self._lock_tried:  # not while Redis was down at start (a misleading warning)
-            self.lock.release()
-        self.redis.close()
+    def shutdown(self, *, quiet: bool = False) -> None:
+        """Every step runs, whatever an earlier one raised (a status write that failed
+        once skipped the lease's release, the back buffers' and Kafka's close); the
+        first error is raised at the end, unless ``quiet`` (one is on its way out
+        already)."""
+        def close_source() -> None:
+            if self.source is not None:
+                # For lag tools: only what committed to Redis (the mirror may hold a
+                # batch whose transaction never did), and only while the lease is ours
+                # (a fenced consumer's offsets are not the group's).
+                ours = self.mirror is not None and not self.lock.lost.is_set()
+                self.source.close(topic_offsets(self.recovery.committed[1],
+                                                self.settings.topic) if ours else None)
+
+        def stopped_state() -> None:
+            if self._holding:
+                self._set_state("stopped", force=True)
+
+        def release_lock() -> None:
+            if self._lock_tried:  # not while Redis was down at start (a misleading warning)
+                self.lock.release()
+
+        steps: list[tuple[str, Callable[[], object]]] = [
+            ("ranker", lambda: self._ranker.shutdown(wait=True)),
+            ("graph writer", lambda: self._writer.shutdown(wait=True)),
+            ("publications", self.publications.close),
+            ("status", stopped_state),
+            ("status writer", self.status.close),
+            ("kafka", close_source),
+            ("dead letters", lambda: self.dlq.close() if self.dlq is not None else None),
+            # The back buffers expire anyway (BACK_TTL_MS).
+            ("back buffers", self.publisher.release),
+            ("lease", release_lock),
+            ("redis", self.redis.close),
+        ]
+        first: BaseException | None = None
+        for what, step in steps:
+            try:
+                step()
+            except Exception as exc:
+                log.warning("shutdown step failed", extra={"fields": {
+                    "step": what, "error": f"{type(exc).__name__}: {exc}"[:300]}})
+                first = first or exc
+        if first is not None and not quiet:
+            raise first
 
     # -- one batch ------------------------------------------------------------------
     def step(self) -> int:

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import socket
+import threading
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -24,16 +25,21 @@ def iso_now() -> str:
 
 
 class RateMeter:
-    """Events per second over a sliding window of recent batches."""
+    """Events per second over a sliding window of recent batches.
+
+    Thread-safe: the loop thread adds while a writer thread's retry renders the status
+    ("deque mutated during iteration" stopped a consumer, a review found)."""
 
     def __init__(self, window_s: float = 10.0) -> None:
         self.window_s = window_s
         self._samples: deque[tuple[float, int]] = deque()
+        self._lock = threading.Lock()
 
     def add(self, count: int, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        self._samples.append((now, count))
-        self._trim(now)
+        with self._lock:
+            self._samples.append((now, count))
+            self._trim(now)
 
     def _trim(self, now: float) -> None:
         while self._samples and now - self._samples[0][0] > self.window_s:
@@ -41,12 +47,13 @@ class RateMeter:
 
     def rate(self, now: float | None = None) -> float:
         now = time.monotonic() if now is None else now
-        self._trim(now)
-        if not self._samples:
-            return 0.0
-        # At least one second, so a single fresh sample does not read as a huge rate.
-        span = max(now - self._samples[0][0], 1.0)
-        return sum(c for _, c in self._samples) / span
+        with self._lock:
+            self._trim(now)
+            if not self._samples:
+                return 0.0
+            # At least one second, so a single fresh sample does not read as a huge rate.
+            span = max(now - self._samples[0][0], 1.0)
+            return sum(c for _, c in self._samples) / span
 
 
 def lag_by_partition(ends: Mapping[int, int], positions: Mapping[int, int]) -> dict[int, int]:

@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import redis
 
-from consumer.lock import ConsumerLock, LockLost
+from consumer.lock import ConsumerLock, LockLost, LockNotString
 
 log = logging.getLogger("rankstream.consumer")
 
@@ -71,7 +71,7 @@ class StatusWriter:
                 pipe.multi()
                 pipe.hset(self.key, mapping=fields)  # type: ignore[arg-type]
                 pipe.execute()
-        except (LockLost, redis.WatchError):
-            return  # P status belongs to the lease holder
+        except (LockLost, LockNotString, redis.WatchError):
+            return  # P status belongs to the lease holder (the loop stops on the lease)
         except redis.RedisError as exc:
             log.warning("status write failed", extra={"fields": {"error": str(exc)[:300]}})

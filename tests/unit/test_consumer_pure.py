@@ -820,3 +820,79 @@ def test_idle_refreshes_that_stay_unfresh_back_off(monkeypatch):
     outcome["fresh"] = True
     idle_polls(0.2)
     assert len(refreshes) == count + 4  # fresh again: no delay (stats.fresh lags)
+
+
+def test_rate_meters_take_adds_and_reads_from_two_threads():
+    """The loop thread adds while a writer thread's retry renders the status: "deque
+    mutated during iteration" stopped a consumer (a review: 2,204 errors in 10 s)."""
+    import sys
+
+    from consumer.stats import RateMeter
+
+    meter = RateMeter(window_s=0.001)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                meter.rate()
+            except Exception as exc:
+                errors.append(exc)
+                return
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and not errors:
+            for _ in range(100):
+                meter.add(1)
+    finally:
+        stop.set()
+        reader.join()
+        sys.setswitchinterval(old)
+    assert not errors, errors[0]
+
+
+def test_shutdown_runs_every_step_whatever_one_raises(monkeypatch):
+    """A status write that raised (a lease key of another type) skipped the release
+    of the lease, of the back buffers and of Kafka; and an error of the loop while a
+    writer thread retried an outage left shutdown waiting for that thread."""
+    from consumer.lock import LockNotString
+    from consumer.options import ConsumeOptions
+    from consumer.service import ConsumerService
+    from rankstream.settings import Settings
+
+    monkeypatch.setenv("RANKSTREAM_REDIS_URL", "redis://127.0.0.1:1/0")
+    service = ConsumerService(Settings(), ConsumeOptions())
+    done: list[str] = []
+    service._holding = service._lock_tried = True
+
+    def status(*args, **kwargs):
+        raise LockNotString("rs:lock holds a value that is not a consumer lease")
+
+    service._set_state = status  # type: ignore[method-assign]
+    service.publisher.release = lambda: done.append("back buffers")  # type: ignore[method-assign]
+    service.lock.release = lambda: done.append("lease")  # type: ignore[method-assign]
+    service.redis.close = lambda: done.append("redis")  # type: ignore[method-assign]
+    with pytest.raises(LockNotString):
+        service.shutdown()
+    assert done == ["back buffers", "lease", "redis"]
+    done.clear()
+    service.shutdown(quiet=True)  # an error on its way out already: not replaced
+    assert done == ["back buffers", "lease", "redis"]
+
+    def broken_start() -> None:
+        raise RuntimeError("a bug in planning")
+
+    service = ConsumerService(Settings(), ConsumeOptions())
+    service.start = broken_start  # type: ignore[method-assign]
+    service.shutdown = lambda quiet=False: done.append(f"shutdown quiet={quiet}")  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        service.run()
+    # The stop request bounds the worker threads' retries by the stop grace.
+    assert service.stop_event.is_set() and service.recovery.stop_requested_at is not None
+    assert done[-1] == "shutdown quiet=True"
