@@ -30,6 +30,7 @@ SIGTERM/SIGINT: the current batch is finished and published, then a clean exit (
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import signal
@@ -271,8 +272,7 @@ class ConsumerService:
             ("status writer", self.status.close),
             ("kafka", close_source),
             ("dead letters", lambda: self.dlq.close() if self.dlq is not None else None),
-            # The back buffers expire anyway (BACK_TTL_MS).
-            ("back buffers", self.publisher.release),
+            ("back buffers", self._release_buffers),
             ("lease", release_lock),
             ("redis", self.redis.close),
         ]
@@ -286,6 +286,12 @@ class ConsumerService:
                 first = first or exc
         if first is not None and not quiet:
             raise first
+
+    def _release_buffers(self) -> None:
+        # Best effort, quietly: they expire anyway (BACK_TTL_MS), and with Redis down
+        # (at start, say) a warning would only add a misleading line.
+        with contextlib.suppress(Exception):
+            self.publisher.release()
 
     # -- one batch ------------------------------------------------------------------
     def step(self) -> int:

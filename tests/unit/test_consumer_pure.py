@@ -666,7 +666,7 @@ def test_max_seconds_stops_a_consumer_blocked_in_retries_at_start(monkeypatch):
     service.lock.acquire = lambda: None
     service.lock.start_renewal = lambda: None
     service._set_state = lambda *args, **kwargs: None
-    service.shutdown = lambda: None
+    service.shutdown = lambda quiet=False: None
     started = time.monotonic()
     with pytest.raises(ServiceUnavailable, match="gave up creating topics"):
         service.run()
@@ -769,7 +769,7 @@ def test_max_seconds_past_what_a_timer_can_wait_is_no_limit_not_a_traceback(monk
         raise ServiceUnavailable("redis unavailable")
 
     service.recovery.wait_for_redis = no_redis
-    service.shutdown = lambda: None
+    service.shutdown = lambda quiet=False: None
     with pytest.raises(ServiceUnavailable):
         service.run()
     assert timers == []
