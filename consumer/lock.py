@@ -291,7 +291,11 @@ class ConsumerLock:
         """
         with self._mutex:
             if time.monotonic() - self._renewed_at >= self.ttl_ms / 3000.0:
-                self._renew_locked()  # not ours any more: the fence check says so
+                # Best effort: not ours any more, or Redis refusing writes for now (out
+                # of memory, a read-only replica: a raw error here crashed the consumer
+                # past ttl/3 of OOM), the fenced write's own check says what follows.
+                with contextlib.suppress(redis.RedisError):
+                    self._renew_locked()
             yield
 
     def check_in(self, pipe: Any, *also_watch: str) -> None:

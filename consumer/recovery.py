@@ -137,10 +137,7 @@ class Recovery:
             except RETRYABLE as exc:
                 attempt += 1
                 self.stats.retries += 1
-                if (self.stop_requested_at is not None
-                        and time.monotonic() - self.stop_requested_at > self.stop_grace_s):
-                    raise ServiceUnavailable(f"gave up {what} after the stop request: {exc}"
-                                             ) from exc
+                self._give_up_if_stopping(what, exc)
                 log.warning("retrying", extra={"fields": {"what": what, "attempt": attempt,
                                                           "error": str(exc)[:300]}})
                 self._set_state("waiting")
@@ -164,13 +161,26 @@ class Recovery:
     def fenced(self, what: str, action: Callable[[], T]) -> T:
         """Run a fenced Redis write with retries; on a lease change continue, or raise
         :class:`MirrorStale` (rebuild) or ``LockHeld`` (stop)."""
+        regained = 0
         while True:
             try:
                 return self.retry(what, action)
-            except (LockLost, redis.WatchError):
+            except (LockLost, redis.WatchError) as exc:
+                if regained:
+                    # The lease keeps going (a Redis that evicts keys with a TTL under
+                    # memory pressure evicted it again at every write): back off, and
+                    # heed a stop request, instead of a hot loop that ignored both.
+                    self._give_up_if_stopping(what, exc)
+                    self.backoff.sleep(regained - 1)
                 self.regain_lease()
+                regained += 1
             except GraphMoved as exc:
                 raise self._graph_moved(exc.stored) from exc
+
+    def _give_up_if_stopping(self, what: str, exc: BaseException) -> None:
+        if (self.stop_requested_at is not None
+                and time.monotonic() - self.stop_requested_at > self.stop_grace_s):
+            raise ServiceUnavailable(f"gave up {what} after the stop request: {exc}") from exc
 
     def check_graph_kept(self) -> None:
         """Raise :class:`MirrorStale` unless ``P graph`` holds the counters last

@@ -101,11 +101,13 @@ def redis_errors(what: str) -> Iterator[None]:
 def check_redis_fits(client: redis.Redis) -> None:
     """Refuse a Redis the consumer cannot keep its promises on, with one clear line.
 
-    * ``maxmemory-policy allkeys-*``: the graph's keys carry no TTL, so
-      ``noeviction`` and the ``volatile-*`` policies never drop them (only the lease,
-      back buffers and HITS cache, which are built to lapse); under ``allkeys-*`` a
+    * A policy other than ``noeviction`` with a ``maxmemory``: under ``allkeys-*`` a
       full Redis would silently delete links, id maps or offsets, and nothing could
-      tell.
+      tell; under ``volatile-*`` it evicts the keys with a TTL, the lease and score
+      back buffers first, which the consumer's own writes then evicted again and
+      again (a review: 9,476 lease re-takes, no progress). Out of memory under
+      ``noeviction`` is a refusal, retried. Without a maxmemory nothing is evicted:
+      a warning then.
     * Cluster mode: each batch is one MULTI/EXEC over keys of every slot, which a
       cluster refuses (CROSSSLOT) deep inside the first batch.
 
@@ -120,11 +122,15 @@ def check_redis_fits(client: redis.Redis) -> None:
     except ServiceError as exc:
         log.info("redis server not checked", extra={"fields": {"error": str(exc)}})
         return
-    policy = str(info.get("maxmemory_policy", ""))
-    if policy.startswith("allkeys-"):
-        raise ConfigError(f"Redis may evict any key (maxmemory-policy {policy}), which would "
-                          "silently delete parts of the graph; use noeviction or a volatile-* "
-                          "policy for this database")
+    policy = str(info.get("maxmemory_policy", "noeviction"))
+    if policy != "noeviction":
+        if int(info.get("maxmemory", 0) or 0) > 0:
+            raise ConfigError(
+                f"Redis evicts keys when full (maxmemory-policy {policy}): the graph's "
+                "keys (allkeys-*), or the lease and score buffers (volatile-*), would "
+                "vanish; use maxmemory-policy noeviction for this database")
+        log.warning("redis may evict keys once a maxmemory is set", extra={"fields": {
+            "maxmemory_policy": policy}})
     if str(info.get("cluster_enabled", "0")) == "1":
         raise ConfigError("Redis runs in cluster mode, which refuses the consumer's "
                           "transactions over keys of many slots; use a standalone Redis "

@@ -232,6 +232,17 @@ class Settings(BaseSettings):
                              "A-Z a-z 0-9 . _ -)")
         return value
 
+    @field_validator("key_prefix")
+    @classmethod
+    def _prefix_beside_others(cls, value: str) -> str:
+        # Another deployment's text index keys are "{its prefix}term:{word}": under a
+        # prefix "rs:term:", our "lock", "graph" and "offsets" keys were its postings
+        # of those words (WRONGTYPE inside a transaction, half of it applied).
+        if "term" in value.split(":")[:-1]:
+            raise ValueError(f"{value!r} has a 'term' segment, which another deployment's "
+                             "text index (P term:WORD) would share")
+        return value
+
     @model_validator(mode="after")
     def _dead_letters_elsewhere(self) -> Settings:
         if self.topic == self.dlq_topic:

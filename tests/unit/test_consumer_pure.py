@@ -896,3 +896,67 @@ def test_shutdown_runs_every_step_whatever_one_raises(monkeypatch):
     # The stop request bounds the worker threads' retries by the stop grace.
     assert service.stop_event.is_set() and service.recovery.stop_requested_at is not None
     assert done[-1] == "shutdown quiet=True"
+
+
+def test_a_lease_that_keeps_vanishing_backs_off_and_heeds_a_stop():
+    """A Redis evicting keys with a TTL took the lease at every write: each regain
+    found nobody had written and carried on at once, a hot loop that ignored
+    --max-seconds and SIGTERM (a review: 9,476 re-takes, 16 s of CPU)."""
+    from consumer.keys import Keys
+    from consumer.lock import LockLost
+    from consumer.recovery import Recovery
+    from consumer.stats import ConsumerStats
+
+    class Evicted:
+        suspended, lost = threading.Event(), threading.Event()
+
+        def still_ours(self):
+            return False
+
+        def reacquire(self):
+            return True
+
+    class Kept:  # Redis still holds what we committed: "nobody wrote, continuing"
+        def hget(self, key, field):
+            return b"7"
+
+        def hgetall(self, key):
+            return {b"t:0": b"10"}
+
+    sleeps: list[int] = []
+
+    class Counting(Backoff):
+        def sleep(self, attempt: int) -> None:
+            sleeps.append(attempt)
+            if len(sleeps) == 5:
+                recovery.stop_requested_at = time.monotonic() - 1.0  # past the grace
+
+    recovery = Recovery(Kept(), Evicted(), Keys("rs:"), "t", ConsumerStats(),
+                        Counting(0.001, 0.002), stop_grace_s=0.5,
+                        set_state=lambda state: None)
+    recovery.committed = (GraphCounters(version=7), {"t:0": 10})
+
+    def swap():
+        raise LockLost("lost the consumer lock rs:lock")
+
+    with pytest.raises(ServiceUnavailable, match="gave up publishing after the stop request"):
+        recovery.fenced("publishing", swap)
+    assert sleeps == [0, 1, 2, 3, 4]  # the first regain at once, then backing off
+
+
+def test_a_refused_inline_renewal_leaves_the_decision_to_the_fence():
+    """Out of memory past ttl/3: the renewal inside fenced() raised redis' raw
+    OutOfMemoryError, which nothing retried (a traceback, under noeviction)."""
+    import redis
+
+    from consumer.lock import ConsumerLock
+
+    class Full:
+        def pipeline(self, transaction=True):
+            raise redis.exceptions.OutOfMemoryError(
+                "command not allowed when used memory > 'maxmemory'")
+
+    lock = ConsumerLock(Full(), "rs:lock", ttl_ms=3000)  # type: ignore[arg-type]
+    lock._renewed_at = time.monotonic() - 10.0  # renewal overdue
+    with lock.fenced():
+        pass  # the fenced write's own lease check decides

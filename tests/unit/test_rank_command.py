@@ -296,6 +296,8 @@ def test_a_failed_write_of_the_output_is_one_line_exit_2(
         ("TOPIC", "bad topic", "not a Kafka topic name"),
         ("DLQ_TOPIC", "", "not a Kafka topic name"),
         ("TOPIC", "..", "not a Kafka topic name"),
+        # Deployment "rs:"'s postings of "lock", "graph", "offsets" were these keys.
+        ("KEY_PREFIX", "rs:term:", "has a 'term' segment"),
         # "damping 1" before, and blamed on a tolerance nobody set.
         ("DAMPING", "0.9999999999999", "0.9999999999999 is too close to 1"),
     ],
