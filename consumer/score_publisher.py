@@ -82,12 +82,12 @@ from consumer.publication import (
     names_publication,
 )
 from consumer.redis_store import redis_errors
-from consumer.resp import command, send_commands
+from consumer.resp import command, send_commands, transient_refusal
 from consumer.score_plan import ZsetRecord, plan_writes
 from consumer.score_swap import BACK_TTL_MS, send_swap, swap_commands
 from consumer.score_wire import UrlTable, zadd_command, zrem_command
 from consumer.stats import iso_now
-from rankstream.errors import ServiceError
+from rankstream.errors import ServiceError, ServiceUnavailable
 
 CHUNK_MEMBERS = 5_000  # members per back-buffer command (~20 ms of Redis)
 BUDGET_FRACTION = 0.5  # share of the tolerance that unwritten moves may use
@@ -355,6 +355,13 @@ class ScorePublisher:
             return
         replies = send_commands(self.client, self.chunk_payloads(publication))
         failures = [r for r in replies if isinstance(r, Exception)]
+        refused = [f for f in failures if transient_refusal(f)]
+        if refused:
+            # Out of memory, a read-only replica...: retried like every other write
+            # (the chunks are idempotent); it stopped the consumer, the swap's and the
+            # graph's own refusals being retried.
+            raise ServiceUnavailable(f"score publication chunk refused by Redis for now: "
+                                     f"{refused[0]}")
         if failures:
             raise ServiceError(f"score publication chunk failed in Redis: {failures[0]}")
 

@@ -224,6 +224,32 @@ def test_a_redis_error_in_a_publication_is_a_service_error(isolated, client, scr
         publisher.send(publication)
 
 
+def test_a_full_redis_refusing_the_chunks_is_retried_not_fatal(isolated, client):
+    """Out of memory under noeviction (the only policy with a maxmemory the consumer
+    accepts): the chunks' ZADDs are refused first, and that was a ServiceError, which
+    stopped the consumer, where the swap's and the graph's refusals are retried."""
+    from rankstream.errors import ServiceUnavailable
+
+    keys = Keys(isolated.key_prefix)
+    publisher = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6,
+                               publish_threshold=0.0)
+    ranks = FakeRanks(FakeGraph(), {})
+    publisher.reset()
+    evolve(np.random.default_rng(9), ranks, 0)
+    publication = publisher.prepare(ranks, exact_reports(ranks), version=1, offsets={})
+    before = client.config_get("maxmemory*")
+    try:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", 1)
+        with pytest.raises(ServiceUnavailable, match="refused by Redis for now"):
+            publisher.send(publication)
+    finally:
+        client.config_set("maxmemory", before["maxmemory"])
+        client.config_set("maxmemory-policy", before["maxmemory-policy"])
+    assert publisher.send(publication)  # the same publication, once Redis has room
+    check(client, keys, ranks, exact_reports(ranks))
+
+
 @pytest.mark.parametrize("scripts", [True, False], ids=["script", "plain"])
 @pytest.mark.parametrize("victim", ["live", "back"])
 def test_score_keys_changed_behind_our_back_lead_to_a_full_replacement(isolated, client,
