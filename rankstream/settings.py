@@ -5,12 +5,14 @@ Every value can be set by an environment variable prefixed ``RANKSTREAM_``
 Only the two entry points call :func:`load_settings`: :func:`rankstream.cli.main`
 and ``python -m rankstream.services`` (what ``./run`` calls). Library code takes
 explicit arguments and never reads ``os.environ``. A ``RANKSTREAM_`` name that no
-setting has is an error, not ignored (``RANKSTREAM_SOAK_*`` aside: the soak test's).
+setting has is an error in ``.env`` and a warning in the environment, where other
+tools put names too (``RANKSTREAM_SOAK_*`` aside: the soak test's).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -209,12 +211,16 @@ class Settings(BaseSettings):
             raise ValueError(f"the database must be a number {advice}")
         return value
 
-    @field_validator("*", mode="before")
+    @field_validator("kafka_bootstrap", "topic", "dlq_topic", "group_id",
+                     "kafka_sasl_username", "kafka_sasl_password", "redis_url",
+                     "redis_username", "redis_password", "key_prefix", "allowed_schemes",
+                     mode="before")
     @classmethod
     def _text_is_utf8(cls, value: object) -> object:
         # Non-UTF-8 bytes in an environment variable reach Python as lone surrogates,
         # which a str field took and every Redis or Kafka call then failed to encode
-        # (a traceback from `rankstream status` with such a key prefix).
+        # (a traceback from `rankstream status` with such a key prefix). Not the
+        # paths: a directory name need not be UTF-8, and Python handles such paths.
         if isinstance(value, str):
             try:
                 value.encode("utf-8")
@@ -248,7 +254,8 @@ class Settings(BaseSettings):
         if self.topic == self.dlq_topic:
             # Each dead letter would be read back as an event, fail again, and be sent
             # again, for ever.
-            raise ValueError("RANKSTREAM_DLQ_TOPIC must differ from RANKSTREAM_TOPIC")
+            raise ValueError(f"RANKSTREAM_TOPIC and RANKSTREAM_DLQ_TOPIC must differ (both "
+                             f"{self.topic!r})")
         return self
 
     @model_validator(mode="before")
@@ -354,36 +361,58 @@ def _check_env_file(path: Path = ENV_FILE) -> None:
         return
     with path.open(encoding="utf-8") as stream:
         for binding in parse_stream(stream):
-            # A line without "=" (RANKSTREAM_DAMPING:0.5) parses as a name without a
-            # value, which pydantic-settings ignored as silently as a bad line.
-            if binding.error or (binding.key is not None and binding.value is None):
+            if binding.error:
                 raise ConfigError(f"cannot read the .env file: line {binding.original.line} "
                                   "is not NAME=value (an unclosed quote?)")
-            if binding.key is not None:
-                _check_name(binding.key, "in the .env file")
+            if binding.key is None or not binding.key.upper().startswith(ENV_PREFIX):
+                continue  # another tool's line: a bare NAME is python-dotenv syntax too
+            if binding.value is None:
+                # RANKSTREAM_DAMPING:0.5 parses as a name without a value, which
+                # pydantic-settings ignored as silently as a bad line.
+                raise ConfigError(f"cannot read the .env file: line {binding.original.line} "
+                                  "is not NAME=value")
+            unknown = _unknown_setting(binding.key)
+            if unknown:
+                raise ConfigError(f"{unknown} in the .env file")
 
 
-def _check_name(name: str, where: str) -> None:
-    """ConfigError for a RANKSTREAM_ name that no setting has (a misspelling would
-    otherwise be ignored: RANKSTREAM_DAMPLING=0.5 ranked at the default 0.85)."""
+def _unknown_setting(name: str) -> str | None:
+    """"unknown setting NAME (did you mean ...?)" for a RANKSTREAM_ name that no setting
+    has (a misspelling would otherwise be ignored: RANKSTREAM_DAMPLING=0.5 ranked at
+    the default 0.85), else None."""
     import difflib
 
     upper = name.upper()
     if not upper.startswith(ENV_PREFIX) or upper.startswith(_NOT_SETTINGS_PREFIX):
-        return
+        return None
     known = [ENV_PREFIX + field.upper() for field in Settings.model_fields]
     if upper in known:
-        return
+        return None
     close = difflib.get_close_matches(upper, known, n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
-    raise ConfigError(f"unknown setting {name} {where}{hint}")
+    return f"unknown setting {name}{hint}"
+
+
+# Names Kubernetes (and docker --link) put in every pod's environment for a Service:
+# one called "rankstream-redis" gives RANKSTREAM_REDIS_SERVICE_HOST and the like.
+_SERVICE_LINK = re.compile(r".*_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\d+_(TCP|UDP|SCTP)"
+                           r"(_\w+)?)?)")
+
+
+def _warn_of_unknown_environment() -> None:
+    """A warning, not an error, for the environment: other tools put names there that
+    a user never chose (a file is the user's own: an error there)."""
+    for name in os.environ:
+        unknown = _unknown_setting(name)
+        if unknown and not _SERVICE_LINK.fullmatch(name.upper()):
+            logging.getLogger("rankstream.settings").warning(
+                "%s in the environment: ignored", unknown)
 
 
 def load_settings(**overrides: object) -> Settings:
     """Read the environment once and validate it; a bad value is a ConfigError."""
     try:
-        for name in os.environ:
-            _check_name(name, "in the environment")
+        _warn_of_unknown_environment()
         _check_env_file()
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
