@@ -137,9 +137,10 @@ def test_redis_rolled_back_to_an_older_state(fault_stack: FaultStack, tmp_path: 
     replica that lagged (replication is asynchronous) or a restore from a backup: its
     files are copied while it is frozen, and after more batches committed it is killed
     and restarted from the copy. The lease in the copy is still the consumer's and not
-    yet expired, so only the graph version tells that Redis went back: the consumer's
-    next transaction must see it, rebuild from Redis and read the lost events again
-    from Kafka (before, it committed on top and those events were lost for good)."""
+    yet expired, so only the graph's counters tell that Redis went back: the
+    consumer's next transaction (or idle poll) must see it, rebuild from Redis and
+    read the lost events again from Kafka (before, it committed on top and those
+    events were lost for good)."""
     settings = fault_stack.scenario("redis-rollback", partitions=2, batch_max_events=40,
                                     poll_timeout_ms=100)
     log = build_log(1500, seed=53)
