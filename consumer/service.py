@@ -163,7 +163,9 @@ class ConsumerService:
         self.recovery.wait_for_redis(wait, self.stop_event)
         retry("checking the Redis server", lambda: check_redis_fits(self.redis))
         self._lock_tried = True  # released even if the reply of a SET that took it was lost
-        self.lock.acquire()
+        # Retried like the rest: a full Redis refusing the SET (out of memory) was an
+        # exit at start where a running consumer waits (LockHeld is not retried).
+        retry("taking the lease", self.lock.acquire)
         self._holding = True
         self.lock.start_renewal()
         log.info("consumer starting", extra={"fields": {

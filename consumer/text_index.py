@@ -156,7 +156,8 @@ def query_terms(query: str) -> list[str]:
     """The sorted distinct terms of a text query (the query's normal form).
 
     Raises:
-        InputError: the query has no searchable term (empty, or only stop words),
+        InputError: the query has no searchable term (empty, only stop words, or only
+            words longer than :data:`MAX_TERM_CHARS`),
             or more than :data:`MAX_QUERY_TERMS` distinct terms.
     """
     terms = tokenize(query, max_terms=MAX_QUERY_TERMS + 1)
