@@ -180,9 +180,15 @@ class ConsumerLock:
                 return
             holder = Holder.decode(current)
             if (current is not None and holder is not None
-                    and self.holder.same_pid_space(holder) and not _pid_alive(holder.pid)):
+                    and self.holder.same_pid_space(holder)
+                    # Dead, or this very process under an older token: a Redis restored
+                    # from a copy taken before a regain holds that one (it stopped the
+                    # consumer as if another had taken over, a review found).
+                    and (not _pid_alive(holder.pid) or holder.pid == self.holder.pid)):
                 if self._compare_and_set(current):
-                    log.warning("took over the lease of a dead consumer",
+                    log.warning("took over the lease of a dead consumer"
+                                if holder.pid != self.holder.pid
+                                else "took back our own lease under an older token",
                                 extra={"fields": {"dead_pid": holder.pid, "key": self.key}})
                     self._taken()
                     return

@@ -200,6 +200,11 @@ def load_stored(client: redis.Redis, keys: Keys, topic: str) -> StoredState:
     """Read the whole stored graph back (out-link sets: :func:`consumer.resp.read_sets`)."""
     started = time.perf_counter()
     with redis_errors("loading the graph"), stored_data("loading the graph"):
+        # Read again at the end: the keys are read one after another, and a Redis that
+        # went back meanwhile (restarted from an older copy; redis-py reconnects by
+        # itself) gave a mirror with the newer ids and the older counters, which the
+        # fence then accepted, and page:url was never dense again (a review).
+        before = (client.hgetall(keys.graph), client.hgetall(keys.offsets))
         raw_urls = _hscan_all(client, keys.page_url)
         num_ids = len(raw_urls)
         urls: list[str] = [""] * num_ids
@@ -225,8 +230,11 @@ def load_stored(client: redis.Redis, keys: Keys, topic: str) -> StoredState:
                    keys.page_ts)
         crawled = crawled_flags(client.get(keys.page_crawled), num_ids, keys.page_crawled)
         stored_offsets: Any = client.hgetall(keys.offsets)
-        offsets = topic_offsets({k.decode(): v for k, v in stored_offsets.items()}, topic)
         graph_hash: Any = client.hgetall(keys.graph)
+        if (graph_hash, stored_offsets) != before:
+            raise ServiceUnavailable(f"{keys.graph} changed while the graph was read (Redis "
+                                     "went back, or another writer): reading it again")
+        offsets = topic_offsets({k.decode(): v for k, v in stored_offsets.items()}, topic)
         counters = GraphCounters.from_redis(graph_hash)
     return StoredState(
         urls=urls,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 
@@ -87,7 +88,9 @@ def test_graph_transactions_keep_redis_equal_to_the_mirror(isolated, client, bul
 
 def test_second_lock_refuses_and_names_the_holder(isolated, client):
     key = Keys(isolated.key_prefix).lock
-    first = ConsumerLock(client, key, ttl_ms=5000)
+    # Another live process: this one's parent (a lease of this very process under
+    # another token is taken back, see the next test).
+    first = ConsumerLock(client, key, ttl_ms=5000, pid=os.getppid())
     first.acquire()
     second = ConsumerLock(client, key, ttl_ms=5000)
     with pytest.raises(LockHeld, match=f"pid {first.holder.pid}"):
@@ -97,6 +100,22 @@ def test_second_lock_refuses_and_names_the_holder(isolated, client):
     assert second.still_ours() and not first.still_ours()
     second.release()
     assert client.get(key) is None
+
+
+def test_our_own_lease_under_an_older_token_is_taken_back(isolated, client):
+    """A Redis restored from a copy taken before a lease regain holds this process's
+    lease under its old token: a live pid, so it stopped the consumer as if another
+    had taken over (a review); the graph fence then decides what follows."""
+    key = Keys(isolated.key_prefix).lock
+    lock = ConsumerLock(client, key, ttl_ms=60_000)
+    lock.acquire()
+    old = client.get(key)
+    client.delete(key)
+    assert lock.reacquire()  # the regain: a new token
+    assert client.get(key) != old
+    client.set(key, old)  # the restore
+    assert lock.reacquire() and lock.still_ours()
+    lock.release()
 
 
 def test_lease_of_a_dead_process_is_taken_over(isolated, client):
@@ -489,3 +508,30 @@ def test_top_breaks_ties_by_url_ascending_like_rank_and_hits(isolated: Isolated)
     assert [url for url, _ in everything][3:] == [f"https://{c}.org/" for c in "abcd"]
     assert readers.top(client, isolated.key_prefix, "pagerank", 2) == [
         ("https://hub.org/", 2.0), ("https://y.org/", 1.5)]
+
+
+def test_a_graph_that_changes_while_it_is_read_is_not_loaded(isolated, client, monkeypatch):
+    """A Redis restarted from an older copy in the middle of a load (redis-py
+    reconnects by itself) gave a mirror with the newer ids and the older counters;
+    the fence accepted it and page:url was never dense again (a review)."""
+    import consumer.redis_store as store
+    from rankstream.errors import ServiceUnavailable
+
+    keys = Keys(isolated.key_prefix)
+    commit_graph(client, keys, GraphWrite(new_pages=[(0, "https://a.example/")],
+                                          counters=GraphCounters(version=2, ids=1),
+                                          offsets={"t:0": 2}))
+    scan = store._hscan_all
+    went_back = []
+
+    def racing(c, key):
+        found = scan(c, key)
+        if key == keys.page_url and not went_back:
+            went_back.append(True)
+            client.hset(keys.graph, "version", 1)  # the older copy's counters
+        return found
+
+    monkeypatch.setattr(store, "_hscan_all", racing)
+    with pytest.raises(ServiceUnavailable, match="changed while the graph was read"):
+        load_stored(client, keys, "t")
+    assert load_stored(client, keys, "t").counters.version == 1  # read again: consistent
