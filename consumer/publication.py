@@ -81,9 +81,10 @@ class Published:
 
 @dataclass(frozen=True)
 class Chunk:
-    """One back-buffer command: ZADD or ZREM of some members, or UNLINK the key."""
+    """One back-buffer command: ZADD or ZREM of some members, UNLINK the key, or MARK
+    its filled marker (``{back buffer}:filled``, see ScorePublisher.prepare)."""
 
-    op: str  # "ZADD", "ZREM" or "UNLINK"
+    op: str  # "ZADD", "ZREM", "UNLINK" or "MARK"
     key: str
     ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     values: np.ndarray = field(default_factory=lambda: np.zeros(0))

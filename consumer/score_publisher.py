@@ -205,10 +205,10 @@ class ScorePublisher:
             mine = {self.back_key(a).encode() for a in ALGORITHMS}
             drop = [name for name in names if name not in mine]
         else:
-            drop = [self.back_key(a) for a in ALGORITHMS]
+            drop = [self.back_key(a).encode() for a in ALGORITHMS]
         if drop:
             with self.client.pipeline(transaction=True) as pipe:
-                pipe.unlink(*drop)
+                pipe.unlink(*drop, *[name + b":filled" for name in drop])  # filled_marker
                 pipe.srem(registry, *drop)
                 pipe.execute()
 
@@ -291,6 +291,13 @@ class ScorePublisher:
             for start in range(0, plan.add_ids.size, size):
                 chunks.append(Chunk("ZADD", back_key, plan.add_ids[start:start + size],
                                     plan.add_values[start:start + size]))
+            # Written after the chunks on the same connection, so a Redis that holds the
+            # marker holds every chunk before it: one restored from a copy (a failover)
+            # taken before they landed had the right member count, and the swap made an
+            # older vector live under this publication's bound and fresh flag (a review).
+            marker = filled_marker(back_key)
+            chunks.append(Chunk("MARK", marker))
+            meta_checks.append((marker, publication_id))
             checks.append((back_key, back.members()))
             live_known = self._live_known.get(algorithm, False)
             if live_known:
@@ -342,6 +349,10 @@ class ScorePublisher:
             if chunk.op == "UNLINK":
                 out.append(command("UNLINK", chunk.key))
                 continue
+            if chunk.op == "MARK":
+                out.append(command("HSET", chunk.key, "publication", publication.publication_id))
+                out.append(command("PEXPIRE", chunk.key, BACK_TTL_MS))
+                continue
             if chunk.op == "ZADD":
                 out.append(zadd_command(chunk.key, chunk.ids, chunk.values, publication.urls))
             else:
@@ -392,6 +403,11 @@ class ScorePublisher:
                 return False
             self.finish(publication)
         return True
+
+
+def filled_marker(back_key: str) -> str:
+    """``{back buffer}:filled``: a hash naming the publication whose chunks all landed."""
+    return f"{back_key}:filled"
 
 
 def _check_finite(algorithm: str, y: np.ndarray, live: np.ndarray, bound: float) -> None:
