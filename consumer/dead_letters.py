@@ -42,7 +42,11 @@ from rankstream.settings import Settings
 
 log = logging.getLogger("rankstream.consumer.dlq")
 
-FLUSH_TIMEOUT_S = 30.0
+FLUSH_TIMEOUT_S = 10.0
+# How long one send may block for the topic's metadata (kafka-python's default, 60 s,
+# held a stop request that long past its 30 s grace: a review). The retry loop around
+# each attempt covers a longer outage, and checks for a stop between attempts.
+MAX_BLOCK_MS = 5_000
 # The topics accept 2 x max_message_bytes + 64 KiB (rankstream.services.stack.topic_specs),
 # so anything the consumer read fits again with our headers, bar this allowance.
 TOPIC_SLACK = 64 * 1024
@@ -100,6 +104,7 @@ class DeadLetterSender:
                 retries=5,
                 linger_ms=5,
                 max_request_size=max_request,
+                max_block_ms=MAX_BLOCK_MS,
                 **kafka_options(settings),
             )
 

@@ -114,6 +114,7 @@ class ConsumerService:
         # (a retry's "waiting") shows the lag as last measured there.
         self._loop_thread = threading.get_ident()
         self._lock_tried = False
+        self._stop_asked = False  # a stop requested other than by catching up
         self._idle_refresh_delay = 0.0  # seconds; 0 while the last idle refresh was fresh
         self._idle_refresh_due = 0.0  # monotonic time of the next idle refresh allowed
         # Graph transactions run on one writer thread (in order) while the main thread
@@ -143,10 +144,24 @@ class ConsumerService:
 
     # -- signals --------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
+        if reason != "caught-up":
+            self._stop_asked = True  # a signal, the timer or an error: never taken back
         if not self.stop_event.is_set():
             self.stop_reason = reason
             self.recovery.stop_requested_at = time.monotonic()
             self.stop_event.set()
+
+    def _resume_catching_up(self) -> bool:
+        """After a rebuild in the final drain: if only catching up had stopped the loop
+        and the rebuilt mirror (Redis went back) is short of the targets again, take
+        the stop back and go on consuming (it exited 0 with the events Redis lost
+        unread, a review found). A stop asked for otherwise stands."""
+        if self.stop_reason != "caught-up" or self._stop_asked or self.caught_up():
+            return False
+        self.stop_event.clear()
+        self.stop_reason = ""
+        self.recovery.stop_requested_at = None
+        return not self._stop_asked  # a stop asked meanwhile still wins
 
     def install_signal_handlers(self) -> None:
         def handler(signum: int, _frame: FrameType | None) -> None:
@@ -218,15 +233,19 @@ class ConsumerService:
         failed = False
         try:
             self.start()
-            while not self.stop_event.is_set():
-                self.step()
-                if self.caught_up():
-                    self.request_stop("caught-up")
-            try:
-                self.drain()
-            except MirrorStale:  # as in step(): rebuild from Redis, then the last publication
-                self._rebuild()
-                self.drain()
+            while True:
+                while not self.stop_event.is_set():
+                    self.step()
+                    if self.caught_up():
+                        self.request_stop("caught-up")
+                try:
+                    self.drain()
+                except MirrorStale:  # as in step(): rebuild from Redis, then the last one
+                    self._rebuild()
+                    if self._resume_catching_up():
+                        continue
+                    self.drain()
+                break
             leave_snapshot(self.redis, self.keys, self.snapshot, self.mirror, self.publisher)
         except BaseException:
             # The worker threads may be retrying through an outage: without a stop

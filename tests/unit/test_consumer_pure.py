@@ -960,3 +960,26 @@ def test_a_refused_inline_renewal_leaves_the_decision_to_the_fence():
     lock._renewed_at = time.monotonic() - 10.0  # renewal overdue
     with lock.fenced():
         pass  # the fenced write's own lease check decides
+
+
+def test_a_catching_up_stop_is_taken_back_when_a_rebuild_falls_short(monkeypatch):
+    """--until-caught-up: Redis went back during the final drain; the rebuild left
+    the mirror short of the targets, and the consumer exited 0 with those events
+    unread (a review). A stop asked for otherwise (a signal, --max-seconds) stands."""
+    from consumer.options import ConsumeOptions
+    from consumer.service import ConsumerService
+    from rankstream.settings import Settings
+
+    monkeypatch.setenv("RANKSTREAM_REDIS_URL", "redis://127.0.0.1:1/0")
+    service = ConsumerService(Settings(), ConsumeOptions(until_caught_up=True))
+    short = [True]
+    service.caught_up = lambda next_offsets=None: not short[0]  # type: ignore[method-assign]
+    service.request_stop("caught-up")
+    assert service._resume_catching_up()
+    assert not service.stop_event.is_set() and service.recovery.stop_requested_at is None
+    service.request_stop("caught-up")
+    short[0] = False
+    assert not service._resume_catching_up()  # caught up after all: drain and exit
+    short[0] = True
+    service.request_stop("SIGTERM")
+    assert not service._resume_catching_up() and service.stop_event.is_set()
