@@ -114,7 +114,7 @@ class ConsumerService:
         # (a retry's "waiting") shows the lag as last measured there.
         self._loop_thread = threading.get_ident()
         self._lock_tried = False
-        self._stop_asked = False  # a stop requested other than by catching up
+        self._stop_asked = ""  # the reason of a stop requested other than by catching up
         self._idle_refresh_delay = 0.0  # seconds; 0 while the last idle refresh was fresh
         self._idle_refresh_due = 0.0  # monotonic time of the next idle refresh allowed
         # Graph transactions run on one writer thread (in order) while the main thread
@@ -145,7 +145,7 @@ class ConsumerService:
     # -- signals --------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
         if reason != "caught-up":
-            self._stop_asked = True  # a signal, the timer or an error: never taken back
+            self._stop_asked = reason  # a signal, the timer or an error: never taken back
         if not self.stop_event.is_set():
             self.stop_reason = reason
             self.recovery.stop_requested_at = time.monotonic()
@@ -156,12 +156,17 @@ class ConsumerService:
         and the rebuilt mirror (Redis went back) is short of the targets again, take
         the stop back and go on consuming (it exited 0 with the events Redis lost
         unread, a review found). A stop asked for otherwise stands."""
-        if self.stop_reason != "caught-up" or self._stop_asked or self.caught_up():
+        if self.stop_reason != "caught-up" or self.caught_up() or self._stop_asked:
             return False
         self.stop_event.clear()
         self.stop_reason = ""
         self.recovery.stop_requested_at = None
-        return not self._stop_asked  # a stop asked meanwhile still wins
+        if self._stop_asked:  # asked just before the event was cleared: it still wins
+            self.request_stop(self._stop_asked)
+            return False
+        # The drain uncapped the publications; catching up publishes at its pace again.
+        self.publications.capped = True
+        return True
 
     def install_signal_handlers(self) -> None:
         def handler(signum: int, _frame: FrameType | None) -> None:

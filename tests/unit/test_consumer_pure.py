@@ -983,3 +983,23 @@ def test_a_catching_up_stop_is_taken_back_when_a_rebuild_falls_short(monkeypatch
     short[0] = True
     service.request_stop("SIGTERM")
     assert not service._resume_catching_up() and service.stop_event.is_set()
+
+    # A signal while it asks Kafka whether it caught up: the stop stands (a review:
+    # the event was cleared and the reason wiped).
+    service = ConsumerService(Settings(), ConsumeOptions(until_caught_up=True))
+
+    def asked_meanwhile(next_offsets=None):
+        service.request_stop("SIGTERM")
+        return False
+
+    service.caught_up = asked_meanwhile  # type: ignore[method-assign]
+    service.request_stop("caught-up")
+    assert not service._resume_catching_up()
+    assert service.stop_event.is_set() and service.recovery.stop_requested_at is not None
+
+    # Resumed: publications are capped again (the drain had uncapped them).
+    service = ConsumerService(Settings(), ConsumeOptions(until_caught_up=True))
+    service.caught_up = lambda next_offsets=None: False  # type: ignore[method-assign]
+    service.request_stop("caught-up")
+    service.publications.capped = False
+    assert service._resume_catching_up() and service.publications.capped
