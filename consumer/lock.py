@@ -38,6 +38,7 @@ from typing import Any
 
 import redis
 
+from consumer.resp import reply_code
 from rankstream.errors import ServiceError, ServiceUnavailable
 
 log = logging.getLogger("rankstream.consumer.lock")
@@ -203,7 +204,7 @@ class ConsumerLock:
                 latest: Any = self.client.get(self.key)
                 holder = Holder.decode(latest)
         except redis.RedisError as exc:
-            if isinstance(exc, redis.ResponseError) and str(exc).startswith("WRONGTYPE"):
+            if reply_code(exc) == "WRONGTYPE":
                 raise  # see acquire
             raise ServiceUnavailable(f"redis: cannot take the consumer lock: {exc}") from exc
         who = holder.describe() if holder else "another consumer"
@@ -329,7 +330,7 @@ class ConsumerLock:
         try:
             yield
         except redis.ResponseError as exc:
-            if not str(exc).startswith("WRONGTYPE"):
+            if reply_code(exc) != "WRONGTYPE":
                 raise
             self.lost.set()
             raise LockNotString(f"{self.key} holds a value that is not a consumer lease "

@@ -54,8 +54,8 @@ TRANSIENT_REFUSALS = frozenset({"OOM", "MISCONF", "READONLY", "LOADING", "BUSY",
                                 "MASTERDOWN", "NOREPLICAS", "TRYAGAIN", "CLUSTERDOWN"})
 
 
-def transient_refusal(error: BaseException) -> bool:
-    """Whether ``error`` is a Redis error reply of :data:`TRANSIENT_REFUSALS`.
+def reply_code(error: BaseException) -> str | None:
+    """The code of a Redis error reply (``OOM``, ``WRONGTYPE``...), or None.
 
     Where the code is: redis-py moves the codes it knows (OOM, READONLY...) out of the
     message into ``status_code``; its pipelines put ``Command # N (...) of pipeline
@@ -63,12 +63,17 @@ def transient_refusal(error: BaseException) -> bool:
     refusal after ``EXECABORT Transaction discarded because of:``.
     """
     if not isinstance(error, redis.ResponseError):
-        return False
-    if getattr(error, "status_code", None) in TRANSIENT_REFUSALS:
-        return True
+        return None
     reply = str(error).rpartition("caused error: ")[2]
-    reply = reply.rpartition("discarded because of: ")[2]
-    return reply.split(" ", 1)[0] in TRANSIENT_REFUSALS
+    if "discarded because of: " in reply:  # the refusal, not EXECABORT (status_code)
+        return reply.rpartition("discarded because of: ")[2].split(" ", 1)[0]
+    code = getattr(error, "status_code", None)
+    return str(code) if code else reply.split(" ", 1)[0]
+
+
+def transient_refusal(error: BaseException) -> bool:
+    """Whether ``error`` is a Redis error reply of :data:`TRANSIENT_REFUSALS`."""
+    return reply_code(error) in TRANSIENT_REFUSALS
 
 
 def bulk(value: bytes | str) -> bytes:

@@ -66,7 +66,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, AnyStr
 
 import numpy as np
 import redis
@@ -208,7 +208,7 @@ class ScorePublisher:
             drop = [self.back_key(a).encode() for a in ALGORITHMS]
         if drop:
             with self.client.pipeline(transaction=True) as pipe:
-                pipe.unlink(*drop, *[name + b":filled" for name in drop])  # filled_marker
+                pipe.unlink(*drop, *map(filled_marker, drop))
                 pipe.srem(registry, *drop)
                 pipe.execute()
 
@@ -405,9 +405,12 @@ class ScorePublisher:
         return True
 
 
-def filled_marker(back_key: str) -> str:
-    """``{back buffer}:filled``: a hash naming the publication whose chunks all landed."""
-    return f"{back_key}:filled"
+def filled_marker(back_key: AnyStr) -> AnyStr:
+    """``{back buffer}:filled``: a hash naming the publication whose chunks all landed
+    (bytes for the names read back from ``P scores:buffers``, which need not be UTF-8)."""
+    if isinstance(back_key, bytes):
+        return back_key + b":filled"
+    return back_key + ":filled"
 
 
 def _check_finite(algorithm: str, y: np.ndarray, live: np.ndarray, bound: float) -> None:

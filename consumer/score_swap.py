@@ -20,7 +20,7 @@ import redis
 
 from consumer.lock import LockLost
 from consumer.publication import Command, Publication, names_publication
-from consumer.resp import transient_refusal
+from consumer.resp import reply_code, transient_refusal
 from rankstream.errors import ServiceError, ServiceUnavailable
 
 BACK_TTL_MS = 15 * 60 * 1000  # a back buffer outlives its consumer by at most this
@@ -132,7 +132,7 @@ def send_swap(client: redis.Redis, publication: Publication, *, scripts: bool,
         if transient_refusal(exc):  # out of memory, a read-only replica...: retried
             raise ServiceUnavailable(f"score publication refused by Redis for now: {exc}"
                                      ) from exc
-        if "WRONGTYPE" in str(exc) and fence is not None:
+        if reply_code(exc) == "WRONGTYPE" and fence is not None:
             fence.still_ours()  # LockNotString (lost set) if the lease key is the one
         hint = (" (a Redis user without EVAL: run the consumer with --plain-writes)"
                 if isinstance(exc, redis.exceptions.NoPermissionError) else "")
