@@ -148,14 +148,15 @@ def stored_data(what: str) -> Iterator[None]:
         raise ServiceError(f"unexpected data in Redis while {what}: {exc}") from exc
 
 
-def decoded(value: Any) -> str:
-    """A reply of a client without ``decode_responses``, as text."""
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+def decoded(value: Any, errors: str = "strict") -> str:
+    """A reply of a client without ``decode_responses``, as text (``errors`` as for
+    ``bytes.decode``)."""
+    return value.decode("utf-8", errors) if isinstance(value, bytes) else str(value)
 
 
-def decoded_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
+def decoded_hash(raw: Mapping[Any, Any], errors: str = "strict") -> dict[str, str]:
     """An HGETALL reply of such a client, as text."""
-    return {decoded(k): decoded(v) for k, v in raw.items()}
+    return {decoded(k, errors): decoded(v, errors) for k, v in raw.items()}
 
 
 @dataclass

@@ -47,6 +47,8 @@ from consumer.redis_store import (
     StoredState,
     crawled_bitmap,
     crawled_flags,
+    decoded,
+    decoded_hash,
     redis_errors,
     topic_offsets,
 )
@@ -86,18 +88,10 @@ def read_identity(client: Any, keys: Keys) -> Identity:
     # Foreign bytes that are not UTF-8 (another topic's offsets, a hand-edited meta)
     # must not crash a start that Redis alone would survive: kept as surrogates, they
     # compare unequal to any snapshot's identity, which Redis then stands in for.
-    return Identity(_lenient_hash(graph), _lenient_hash(offsets),
-                    {a: _lenient(p or b"") for a, p in zip(ALGORITHMS, publications,
-                                                          strict=True)})
-
-
-def _lenient(value: Any) -> str:
-    return (value.decode("utf-8", "surrogateescape") if isinstance(value, bytes)
-            else str(value))
-
-
-def _lenient_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
-    return {_lenient(k): _lenient(v) for k, v in raw.items()}
+    lenient = "surrogateescape"
+    return Identity(decoded_hash(graph, lenient), decoded_hash(offsets, lenient),
+                    {a: decoded(p or b"", lenient) for a, p in zip(ALGORITHMS, publications,
+                                                                  strict=True)})
 
 
 def snapshot_path(settings: Settings) -> Path | None:
