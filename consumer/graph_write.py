@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from consumer.keys import Keys
+from consumer.keys import LAYOUT_FIELD, LAYOUT_VERSION, Keys
 from consumer.resp import command, pooled_connection, set_commands, transaction
 from ranker.edge_batches import pair_keys, sorted_unique, split_pair_keys
 from rankstream.errors import ServiceError
@@ -308,7 +308,7 @@ def bookkeeping_commands(keys: Keys, write: GraphWrite, *, bulk: bool = False
     if write.titles:
         cmds.extend(_hset_commands(keys.page_title, write.titles))
     cmds.append(("HSET", keys.graph, *[x for kv in write.counters.as_mapping().items()
-                                       for x in kv]))
+                                       for x in kv], LAYOUT_FIELD, LAYOUT_VERSION))
     if write.offsets:
         cmds.append(("HSET", keys.offsets, *[x for kv in write.offsets.items() for x in kv]))
     return cmds

@@ -24,7 +24,8 @@ from consumer.hits_query import (
     check_cache_ttl,
     run_hits,
 )
-from consumer.redis_store import connect_redis
+from consumer.keys import Keys
+from consumer.redis_store import check_layout, connect_redis
 from rankstream.errors import InputError
 from rankstream.settings import Settings
 
@@ -82,6 +83,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     query = query_from_args(args)
     client = connect_redis(settings, client_name="rankstream-hits", reader=True)
     try:
+        check_layout(client, Keys(settings.key_prefix))
         answer = run_hits(
             client, settings.key_prefix, query,
             cache_ttl=args.cache_ttl, use_cache=not args.no_cache,

@@ -10,6 +10,14 @@ from dataclasses import dataclass
 
 ALGORITHMS: tuple[str, ...] = ("pagerank", "wpr")
 
+# The version of this layout, kept in the ``layout`` field of ``P graph`` (written by
+# every graph transaction). It goes up whenever a key or field changes meaning, and
+# the consumer and the readers refuse data of any other version rather than misread
+# it or write a mix of two layouts (:func:`consumer.redis_store.check_layout`). Data
+# without the field is layout 1: it was written before the field existed.
+LAYOUT_VERSION = 1
+LAYOUT_FIELD = "layout"
+
 
 @dataclass(frozen=True)
 class Keys:

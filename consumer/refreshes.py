@@ -12,7 +12,8 @@ before the next refresh: :attr:`Refreshes.blocking`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -21,6 +22,11 @@ from consumer.pacing import Pacing
 from consumer.publishing import Publications
 
 log = logging.getLogger("rankstream.consumer")
+
+# While idle, a refresh that ends unfresh is tried again after a delay doubling from
+# 1 s to this: a graph the engine cannot converge within RANKSTREAM_MAX_ITER (a
+# damping near 1) repeated max_iter sweeps at every empty poll.
+MAX_IDLE_REFRESH_DELAY_S = 300.0
 
 
 class Refreshes:
@@ -34,6 +40,8 @@ class Refreshes:
         self._mirror = mirror
         self.running: Future[dict[str, Any]] | None = None
         self.absorbed_since = False  # batches absorbed since the last refresh
+        self.idle_delay = 0.0  # seconds; 0 while the last idle refresh was fresh
+        self.idle_due = 0.0  # monotonic time of the next idle refresh allowed
 
     @property
     def blocking(self) -> bool:
@@ -96,3 +104,39 @@ class Refreshes:
         if self.absorbed_since:
             self.now(tolerance=self._pacing.batch_tolerance(),
                      max_sweeps=self._pacing.batch_sweeps())
+
+    # -- while idle -------------------------------------------------------------------
+    def new_events(self) -> None:
+        """A batch came: an idle refresh that stayed unfresh may be tried at once again."""
+        self.idle_delay = self.idle_due = 0.0
+
+    def refresh_if_stale(self, fresh: Mapping[str, bool], publish: Callable[[], None]
+                         ) -> bool:
+        """While idle: if a published vector is not ``fresh`` (by algorithm), refine
+        it and ``publish`` again.
+
+        A refresh can end unfresh (the global mode's sweep cap); with no new events
+        nothing else would tighten it. Returns True if a refresh was done.
+        """
+        mirror = self._mirror()
+        if all(fresh.get(a, True) for a in mirror.start_reports):
+            return False
+        reports = self.now()
+        publish()
+        if all(report.fresh for report in reports.values()):
+            self.idle_delay = 0.0
+        else:
+            self.idle_delay = min(max(1.0, 2.0 * self.idle_delay), MAX_IDLE_REFRESH_DELAY_S)
+            log.warning("refreshed while idle and still not fresh; trying again later",
+                        extra={"fields": {
+                            "retry_in_s": self.idle_delay,
+                            "relative_bound": {a: float(f"{r.relative_bound:.3g}")
+                                               for a, r in reports.items()}}})
+        return True
+
+    def idle_refresh(self, fresh: Mapping[str, bool], publish: Callable[[], None]) -> None:
+        """:meth:`refresh_if_stale`, at most once per current delay."""
+        if time.monotonic() < self.idle_due:
+            return
+        if self.refresh_if_stale(fresh, publish) and self.idle_delay:
+            self.idle_due = time.monotonic() + self.idle_delay

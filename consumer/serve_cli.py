@@ -48,7 +48,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from consumer.http_api import create_app, server_config
-    from consumer.redis_store import connect_redis, redis_errors
+    from consumer.keys import Keys
+    from consumer.redis_store import check_layout, connect_redis, redis_errors
 
     if not 0 < args.port < 65536:
         raise InputError(f"--port must be in 1..65535, got {args.port}")
@@ -57,6 +58,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     try:
         with redis_errors("connecting"):
             client.ping()
+        check_layout(client, Keys(settings.key_prefix))  # a newer layout, not misread
         app = create_app(client, settings.key_prefix, cache_ttl=args.cache_ttl)
         config = server_config(app, host=args.host, port=args.port, log_level=args.log_level)
         with _bind(args.host, args.port) as listener:

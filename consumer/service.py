@@ -53,7 +53,12 @@ from consumer.pacing import Pacing
 from consumer.prefetch import Fetched, Prefetcher
 from consumer.publishing import Publications
 from consumer.recovery import Backoff, MirrorStale, Recovery, settle_void
-from consumer.redis_store import check_redis_fits, connect_redis, topic_offsets
+from consumer.redis_store import (
+    check_layout,
+    check_redis_fits,
+    connect_redis,
+    topic_offsets,
+)
 from consumer.refreshes import Refreshes
 from consumer.score_publisher import ScorePublisher
 from consumer.snapshot import leave_snapshot, snapshot_path
@@ -66,10 +71,6 @@ from rankstream.settings import Settings
 log = logging.getLogger("rankstream.consumer")
 
 MAX_IDLE_REFRESHES = 5  # extra refreshes before a --until-caught-up exit
-# While idle, a refresh that ends unfresh is tried again after a delay doubling from
-# 1 s to this: a graph the engine cannot converge within RANKSTREAM_MAX_ITER (a
-# damping near 1) repeated max_iter sweeps at every empty poll.
-MAX_IDLE_REFRESH_DELAY_S = 300.0
 
 
 class ConsumerService:
@@ -115,8 +116,6 @@ class ConsumerService:
         self._loop_thread = threading.get_ident()
         self._lock_tried = False
         self._stop_asked = ""  # the reason of a stop requested other than by catching up
-        self._idle_refresh_delay = 0.0  # seconds; 0 while the last idle refresh was fresh
-        self._idle_refresh_due = 0.0  # monotonic time of the next idle refresh allowed
         # Graph transactions run on one writer thread (in order) while the main thread
         # decodes the next batch.
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graph-writer")
@@ -182,6 +181,7 @@ class ConsumerService:
         wait = min(self.options.startup_wait_s, self.options.max_seconds or math.inf)
         self.recovery.wait_for_redis(wait, self.stop_event)
         retry("checking the Redis server", lambda: check_redis_fits(self.redis))
+        retry("checking the key layout", lambda: check_layout(self.redis, self.keys))
         self._lock_tried = True  # released even if the reply of a SET that took it was lost
         # Retried like the rest: a full Redis refusing the SET (out of memory) was an
         # exit at start where a running consumer waits (LockHeld is not retried).
@@ -348,8 +348,8 @@ class ConsumerService:
                 self.recovery.check_graph_kept()
                 self.refreshes.catch_up()
                 self._maybe_publish(force=True)
-                if self.publications.idle and time.monotonic() >= self._idle_refresh_due:
-                    self._idle_refresh()
+                if self.publications.idle:
+                    self.refreshes.idle_refresh(self.stats.fresh, self._publish_now)
                 # Retried like every other write: a Redis outage while it was due
                 # stopped an idle consumer (exit 2).
                 self.recovery.retry("renewing the score back buffers",
@@ -379,7 +379,7 @@ class ConsumerService:
         """
         started = time.perf_counter()
         mirror = self._mirror()
-        self._idle_refresh_delay = self._idle_refresh_due = 0.0  # new events: try again
+        self.refreshes.new_events()  # an idle refresh that stayed unfresh: try again
         # Planning only reads the graph (and interns new URLs), so it runs while the
         # engines still refresh after the previous batch.
         planned = mirror.plan(batch.events, batch.next_offsets, len(batch.records),
@@ -486,37 +486,9 @@ class ConsumerService:
         self._flush_publications()
         if self.stop_reason == "caught-up":
             for _ in range(MAX_IDLE_REFRESHES):
-                if not self.refresh_if_stale():
+                if not self.refreshes.refresh_if_stale(self.stats.fresh, self._publish_now):
                     break
                 self._flush_publications()
-
-    def refresh_if_stale(self) -> bool:
-        """While idle: if a published vector is not fresh, refine and publish it again.
-
-        A refresh can end unfresh (the global mode's sweep cap); with no new events
-        nothing else would tighten it. Returns True if a refresh was done.
-        """
-        mirror = self.mirror
-        if mirror is None or all(self.stats.fresh.get(a, True) for a in mirror.start_reports):
-            return False
-        reports = self.refreshes.now()
-        self._maybe_publish(force=True)  # does not wait; stats.fresh updates when it lands
-        if all(report.fresh for report in reports.values()):
-            self._idle_refresh_delay = 0.0
-        else:
-            self._idle_refresh_delay = min(max(1.0, 2.0 * self._idle_refresh_delay),
-                                           MAX_IDLE_REFRESH_DELAY_S)
-            log.warning("refreshed while idle and still not fresh; trying again later",
-                        extra={"fields": {
-                            "retry_in_s": self._idle_refresh_delay,
-                            "relative_bound": {a: float(f"{r.relative_bound:.3g}")
-                                               for a, r in reports.items()}}})
-        return True
-
-    def _idle_refresh(self) -> None:
-        """:meth:`refresh_if_stale`, at most once per current delay."""
-        if self.refresh_if_stale() and self._idle_refresh_delay:
-            self._idle_refresh_due = time.monotonic() + self._idle_refresh_delay
 
     def _maybe_publish(self, *, force: bool = False) -> None:
         """Start a publication if one is due (see :mod:`consumer.publishing`); never
@@ -524,6 +496,9 @@ class ConsumerService:
         self.publications.start(self._mirror(), lagging=self._lagging, force=force,
                                 blocked=self.refreshes.blocking,
                                 after=self._uncommitted)
+
+    def _publish_now(self) -> None:
+        self._maybe_publish(force=True)  # does not wait: stats.fresh updates when it lands
 
     def _flush_publications(self) -> None:
         self.publications.flush(self._mirror(), after=self._uncommitted)

@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from consumer.keys import ALGORITHMS
+from consumer.keys import ALGORITHMS, Keys
 from consumer.readers import SCALES, json_safe, score_with_meta
-from consumer.redis_store import connect_redis
+from consumer.redis_store import check_layout, connect_redis
 from producer.urls import canonicalize_url
 from rankstream.settings import Settings
 
@@ -25,6 +25,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     algorithms = [args.algorithm] if args.algorithm else list(ALGORITHMS)
     client = connect_redis(settings, client_name="rankstream-score", reader=True)
     try:
+        check_layout(client, Keys(settings.key_prefix))
         answers = {alg: score_with_meta(client, settings.key_prefix, args.url, alg, args.scale)
                    for alg in algorithms}
     finally:

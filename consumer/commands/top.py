@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from consumer.keys import ALGORITHMS
+from consumer.keys import ALGORITHMS, Keys
 from consumer.readers import SCALES, json_safe, top_with_meta
-from consumer.redis_store import connect_redis
+from consumer.redis_store import check_layout, connect_redis
 from rankstream.settings import Settings
 
 
@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     client = connect_redis(settings, client_name="rankstream-top", reader=True)
     try:
+        check_layout(client, Keys(settings.key_prefix))
         rows, info = top_with_meta(client, settings.key_prefix, args.algorithm, args.k,
                                    args.scale)
     finally:

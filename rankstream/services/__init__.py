@@ -12,12 +12,10 @@ answers; tests call :func:`up` directly. Fault-injection tests get handles from
 """
 
 from rankstream.services.kafka import (
-    KAFKA_VERSION,
     KafkaBroker,
     TopicSpec,
     delete_topics,
     ensure_topics,
-    fetch_kafka,
     kafka_answers,
     kafka_pid,
     kill_kafka,
@@ -26,6 +24,7 @@ from rankstream.services.kafka import (
     stop_kafka,
     topic_partitions,
 )
+from rankstream.services.kafka_jars import KAFKA_VERSION, fetch_kafka
 from rankstream.services.redis import (
     AclUser,
     RedisServer,

@@ -18,19 +18,21 @@ from urllib.parse import urlsplit
 from rankstream.errors import ConfigError, ServiceError
 from rankstream.services import _proc
 from rankstream.services.kafka import (
-    KAFKA_VERSION,
     KafkaBroker,
     TopicSpec,
     ensure_topics,
-    fetch_kafka,
-    java_binary,
     kafka_answers,
     kafka_listen_address,
     kafka_pid,
-    libs_dir_for,
     start_kafka,
     stop_kafka,
     topic_partitions,
+)
+from rankstream.services.kafka_jars import (
+    KAFKA_VERSION,
+    fetch_kafka,
+    java_binary,
+    libs_dir_for,
 )
 from rankstream.services.redis import (
     AclUser,

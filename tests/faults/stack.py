@@ -38,7 +38,7 @@ from rankstream.services import (
     stop_kafka,
     stop_redis,
 )
-from rankstream.services.kafka import fetch_kafka, java_binary, libs_dir_for
+from rankstream.services.kafka_jars import fetch_kafka, java_binary, libs_dir_for
 from rankstream.services.redis import redis_binary
 from rankstream.settings import Settings
 

@@ -135,3 +135,43 @@ def test_second_consumer_refuses_and_sigterm_stops_cleanly(isolated: Isolated, p
     assert first.returncode == 0
     assert client.get(keys.lock) is None
     assert client.hget(keys.status, "state") == b"stopped"
+
+
+def test_data_of_another_key_layout_is_refused_by_consumer_and_readers(isolated: Isolated,
+                                                                      procs):
+    """``P graph`` names the key layout its data follows; the consumer and every reader
+    refuse another version with one line and exit 2 before reading or writing a key
+    (a consumer would otherwise write a mix of two layouts under one prefix)."""
+    settings = isolated.settings
+    client = connect_redis(settings)
+    keys = Keys(settings.key_prefix)
+    publish(settings, [{"type": "page", "url": "https://a.example.org/",
+                        "links": ["https://b.example.org/"]}])
+    first = start_consumer(settings, "--until-caught-up")
+    procs.append(first)
+    first.communicate(timeout=120)
+    assert first.returncode == 0
+    assert client.hget(keys.graph, "layout") == b"1"  # written by the graph transaction
+    before = {k: client.dump(k) for k in client.scan_iter(f"{keys.prefix}*")
+              if k != keys.status.encode()}
+
+    client.hset(keys.graph, "layout", 2)
+    refused = start_consumer(settings, "--until-caught-up")
+    procs.append(refused)
+    _, err = refused.communicate(timeout=120)
+    assert refused.returncode == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "key layout 2" in lines[0], err
+    for command in (["top"], ["score", "https://a.example.org/"], ["hits", "--seed",
+                                                                    "https://a.example.org/"]):
+        done = subprocess.run([sys.executable, "-m", "consumer", *command],
+                              env=consumer_env(settings), capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "key layout 2" in done.stderr and "layout 1" in done.stderr
+    client.hset(keys.graph, "layout", 1)
+    after = {k: client.dump(k) for k in client.scan_iter(f"{keys.prefix}*")
+             if k != keys.status.encode()}
+    assert after.keys() == before.keys()  # nothing written, nothing dropped
+    assert all(after[k] == before[k] for k in before if k != keys.graph.encode())

@@ -535,3 +535,25 @@ def test_a_graph_that_changes_while_it_is_read_is_not_loaded(isolated, client, m
     with pytest.raises(ServiceUnavailable, match="changed while the graph was read"):
         load_stored(client, keys, "t")
     assert load_stored(client, keys, "t").counters.version == 1  # read again: consistent
+
+
+def test_the_key_layout_check(isolated, client):
+    """No ``layout`` field (a new database, or data written before the field) is layout
+    1; another number is a ConfigError naming both; anything else is not ours."""
+    from consumer.redis_store import check_layout
+    from rankstream.errors import ConfigError, ServiceError
+
+    keys = Keys(isolated.key_prefix)
+    check_layout(client, keys)
+    client.hset(keys.graph, mapping={"version": 3, "links": 1})
+    check_layout(client, keys)
+    client.hset(keys.graph, "layout", 1)
+    check_layout(client, keys)
+    for value in ("0", "2", "17"):
+        client.hset(keys.graph, "layout", value)
+        with pytest.raises(ConfigError, match=f"key layout {int(value)} under prefix"):
+            check_layout(client, keys)
+    for value in ("x", "-1", "1.0", "", "99999999999999999999"):
+        client.hset(keys.graph, "layout", value)
+        with pytest.raises(ServiceError, match="not written by rankstream"):
+            check_layout(client, keys)

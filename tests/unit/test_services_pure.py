@@ -11,7 +11,7 @@ from unittest import mock
 import pytest
 
 from rankstream.errors import ConfigError, ServiceError
-from rankstream.services import kafka, redis, stack
+from rankstream.services import kafka, kafka_jars, redis, stack
 from rankstream.settings import load_settings
 
 
@@ -199,7 +199,7 @@ def test_down_leaves_our_redis_on_another_port_alone(tmp_path: Path) -> None:
 
 def test_kafka_jars_are_fetched_with_strict_checksums(tmp_path: Path) -> None:
     # Maven 3.8 only warns on a checksum mismatch, and the corrupt jar stays cached.
-    argv = kafka.mvn_fetch_command("mvn", tmp_path)
+    argv = kafka_jars.mvn_fetch_command("mvn", tmp_path)
     assert argv[0] == "mvn" and ("-C" in argv or "--strict-checksums" in argv)
     assert f"-Dmaven.repo.local={tmp_path / 'm2'}" in argv
 
@@ -225,19 +225,19 @@ def test_cached_kafka_jars_are_checked_against_the_hashes_taken_at_fetch(
     dropped into libs/ (the classpath is libs/*), was used for good."""
     libs = tmp_path / "libs"
     libs.mkdir()
-    assert kafka.jars_problem(libs) == "not fetched yet"
+    assert kafka_jars.jars_problem(libs) == "not fetched yet"
     for name in ("a.jar", "b.jar"):
         (libs / name).write_bytes(name.encode() * 1000)
     (libs / ".complete").write_text("a.jar\nb.jar\n")  # what older versions wrote
-    assert kafka.jars_problem(libs) == "cached before jar hashes were recorded"
+    assert kafka_jars.jars_problem(libs) == "cached before jar hashes were recorded"
     (libs / ".complete").write_text("".join(
-        f"{kafka._sha256(libs / n)}  {n}\n" for n in ("a.jar", "b.jar")))
-    assert kafka.jars_problem(libs) is None
+        f"{kafka_jars._sha256(libs / n)}  {n}\n" for n in ("a.jar", "b.jar")))
+    assert kafka_jars.jars_problem(libs) is None
     (libs / "extra.jar").write_bytes(b"x")
-    assert kafka.jars_problem(libs) == "1 jar(s) added or missing since the fetch: extra.jar"
+    assert kafka_jars.jars_problem(libs) == "1 jar(s) added or missing since the fetch: extra.jar"
     (libs / "extra.jar").unlink()
     (libs / "b.jar").write_bytes(b"truncated")
-    assert kafka.jars_problem(libs) == "1 jar(s) changed since the fetch: b.jar"
+    assert kafka_jars.jars_problem(libs) == "1 jar(s) changed since the fetch: b.jar"
 
 
 def _fake_maven(jar: bytes) -> Callable[..., None]:
@@ -253,7 +253,7 @@ def _fake_maven(jar: bytes) -> Callable[..., None]:
 
 
 def test_a_bad_jar_cache_is_fetched_again_and_says_why(tmp_path: Path) -> None:
-    libs = kafka.libs_dir_for(tmp_path, "9.9.9")
+    libs = kafka_jars.libs_dir_for(tmp_path, "9.9.9")
     libs.mkdir(parents=True)
     (libs / "kafka_2.13-9.9.9.jar").write_bytes(b"old")
     (libs / ".complete").write_text("kafka_2.13-9.9.9.jar\n")
@@ -261,12 +261,12 @@ def test_a_bad_jar_cache_is_fetched_again_and_says_why(tmp_path: Path) -> None:
     said: list[str] = []
     with mock.patch.object(kafka._proc, "require_binary", return_value="mvn"), \
             mock.patch.object(kafka._proc, "run_checked", side_effect=_fake_maven(b"new")):
-        assert kafka.fetch_kafka(tmp_path, "9.9.9", log=said.append) == libs
-        assert kafka.fetch_kafka(tmp_path, "9.9.9", log=said.append) == libs  # cached now
+        assert kafka_jars.fetch_kafka(tmp_path, "9.9.9", log=said.append) == libs
+        assert kafka_jars.fetch_kafka(tmp_path, "9.9.9", log=said.append) == libs  # cached now
     assert said == [f"fetching Kafka 9.9.9 from Maven Central into {libs} "
                     "(cached before jar hashes were recorded)"]
     assert (libs / "kafka_2.13-9.9.9.jar").read_bytes() == b"new"
-    assert kafka.jars_problem(libs) is None
+    assert kafka_jars.jars_problem(libs) is None
 
 
 def test_kafka_listen_address_is_read_back_from_the_config_we_wrote(tmp_path: Path) -> None:
@@ -319,12 +319,12 @@ def test_a_stale_pid_file_naming_a_stranger_is_not_ours(tmp_path: Path) -> None:
 def test_java_older_than_17_is_refused_in_one_line(banner: str, major: int) -> None:
     with mock.patch.object(kafka._proc, "require_binary", return_value="/usr/bin/java"), \
             mock.patch.object(kafka._proc, "run_checked", return_value=banner + "\n"):
-        if major >= kafka.MIN_JAVA:
-            assert kafka.java_binary(install=False) == "/usr/bin/java"
+        if major >= kafka_jars.MIN_JAVA:
+            assert kafka_jars.java_binary(install=False) == "/usr/bin/java"
         else:
             with pytest.raises(ServiceError, match=f"needs Java 17 or newer, and "
                                                    f"/usr/bin/java is Java {major}: install"):
-                kafka.java_binary(install=False)
+                kafka_jars.java_binary(install=False)
 
 
 def test_our_broker_running_other_jars_is_restarted_on_these(tmp_path: Path) -> None:
@@ -445,13 +445,13 @@ def test_two_runs_sharing_the_jar_cache_fetch_once(tmp_path: Path) -> None:
     with mock.patch.object(kafka._proc, "require_binary", return_value="mvn"), \
             mock.patch.object(kafka._proc, "run_checked", side_effect=maven):
         runs = [threading.Thread(target=lambda: results.append(
-            kafka.fetch_kafka(tmp_path, "9.9.9"))) for _ in range(2)]
+            kafka_jars.fetch_kafka(tmp_path, "9.9.9"))) for _ in range(2)]
         for run in runs:
             run.start()
         for run in runs:
             run.join()
     assert len(fetches) == 1 and len(results) == 2
-    assert kafka.jars_problem(kafka.libs_dir_for(tmp_path, "9.9.9")) is None
+    assert kafka_jars.jars_problem(kafka_jars.libs_dir_for(tmp_path, "9.9.9")) is None
 
 
 def test_services_env_exports_the_security_and_snapshot_settings_never_secrets() -> None:
