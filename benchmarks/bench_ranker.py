@@ -44,12 +44,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
-import igraph
 import networkx as nx
 import numpy as np
-from threadpoolctl import ThreadpoolController
 
 from benchmarks.arguments import at_least, bench_parser
+from benchmarks.ranker_competitors import (
+    DAMPING,
+    best_of,
+    calibrate_cold,
+    calibrate_networkx,
+    exact,
+    networkx_of,
+    runs_for,
+    time_cold,
+    time_igraph,
+    timed,
+)
 from benchmarks.ranker_table import (
     HEADER,
     LEGEND,
@@ -67,17 +77,11 @@ from ranker.dominant_mode import NO_MODE
 from ranker.edge_batches import EdgeBatch
 from ranker.incremental import LiveRanks
 from ranker.linkgraph import LinkGraph
-from ranker.pagerank import pagerank
-from ranker.results import RankResult, RefreshReport
+from ranker.results import RefreshReport
 from ranker.synthetic import copying_model_graph, random_edit_batch
-from ranker.weighted_pagerank import weighted_pagerank
 from rankstream.edgelist import read_edges
-from rankstream.errors import ConvergenceError
 
-DAMPING = 0.85
 ALGORITHMS = ("pagerank", "wpr")
-SOLVERS: dict[str, Callable[..., RankResult]] = {"pagerank": pagerank, "wpr": weighted_pagerank}
-COLD_LADDER = [10.0**k for k in range(3, -9, -1)]
 # max_error settings of the calibrated incremental engine, as multiples of the accuracy.
 INC_LADDER = [1e3, 1e2, 1e1, 3.0, 1.0]
 LOOSE_TOLERANCE = 1e-2  # relative L1 tolerance, loose so that max_error alone decides
@@ -86,7 +90,13 @@ LOOSE_TOLERANCE = 1e-2  # relative L1 tolerance, loose so that max_error alone d
 # passed its warm-ups overshot on timed batches. Cold solves need no margin: their
 # error hardly depends on the batch.
 CALIBRATION_MARGIN = 0.5
-NX_LADDER = [10.0**k for k in range(-4, -15, -1)]
+# Warm-ups of small batches cover at least this many links (at most MAX_WARMUPS
+# batches): three 10-link batches are 30 links, too few to meet the hubs that decide a
+# push engine's error. On the 100k-page graph WPR's 10-link batches passed three
+# warm-ups at max_error 1e-4, then measured 1.3-1.5e-6 on the timed ones (the run
+# failed); twenty warm-ups chose 1e-5, measured 5.7e-8.
+WARMUP_LINKS = 200
+MAX_WARMUPS = 20
 # Graphs up to this many links are compared link by link (check_identical), larger
 # ones by their counts only.
 CHECKSUM_MAX_LINKS = 1_000_000
@@ -101,108 +111,6 @@ class Setup:
     build: Callable[[], LinkGraph]
     sizes: list[int]
     networkx: bool
-
-
-def timed(func: Callable[[], object]) -> tuple[float, object]:
-    start = time.perf_counter()
-    value = func()
-    return time.perf_counter() - start, value
-
-
-def best_of(func: Callable[[], object], runs: int) -> float:
-    """Fastest of ``runs`` timings (small graphs: one run is mostly timer noise)."""
-    return min(timed(func)[0] for _ in range(runs))
-
-
-def exact(graph: LinkGraph, algorithm: str, start: np.ndarray | None, tol: float) -> np.ndarray:
-    """A tight cold solve (the reference every error is measured against)."""
-    warm = None if start is None else start[: graph.num_ids]
-    result = SOLVERS[algorithm](graph.to_csr(), damping=DAMPING, tol=tol, max_iter=5000,
-                                start=warm, alive=graph.live_mask())
-    return result.scores
-
-
-def calibrate_cold(graph: LinkGraph, algorithm: str, reference: np.ndarray,
-                   accuracy: float) -> float:
-    """Loosest tolerance of COLD_LADDER whose cold solve is within ``accuracy``."""
-    matrix, live = graph.to_csr(), graph.live_mask()
-    for tol in COLD_LADDER:
-        try:
-            scores = SOLVERS[algorithm](matrix, damping=DAMPING, tol=tol, alive=live).scores
-        except ConvergenceError:
-            continue
-        if np.abs(scores - reference).max() <= accuracy:
-            return tol
-    return COLD_LADDER[-1]
-
-
-def runs_for(graph: LinkGraph) -> int:
-    return 1 if graph.num_links > 1_000_000 else 5
-
-
-def time_cold(graph: LinkGraph, algorithm: str, tol: float) -> float:
-    matrix, live = graph.to_csr(), graph.live_mask()
-    return best_of(lambda: SOLVERS[algorithm](matrix, damping=DAMPING, tol=tol, alive=live),
-                   runs_for(graph))
-
-
-def igraph_of(graph: LinkGraph) -> igraph.Graph:
-    src, dst = graph.edges()
-    return igraph.Graph(n=graph.num_ids, edges=np.column_stack([src, dst]).tolist(),
-                        directed=True)
-
-
-def time_igraph(graph: LinkGraph, reference: np.ndarray) -> tuple[float, float, int]:
-    """(seconds, max-abs error on the paper scale, OpenMP threads) of igraph's PRPACK
-    PageRank, at whichever of one or two threads is faster in this run.
-
-    igraph's wheel ships its own OpenMP runtime, which runs two threads here by
-    default and, unlike our kernels (ranker._thread_guard), does not drop to one when
-    another process holds the second core: on a loaded box one thread was 1.5x
-    faster (0.31 s against 0.48 on 300k pages), so timing only its default flattered
-    our ratios."""
-    ig = igraph_of(graph)
-    openmp = [lib for lib in ThreadpoolController().lib_controllers
-              if lib.internal_api == "openmp" and "igraph" in lib.filepath]
-    choices = (1, 2) if openmp else (0,)
-    default = openmp[0].num_threads if openmp else 0
-    timings: dict[int, float] = {}
-    try:
-        for threads in choices:
-            if openmp:
-                openmp[0].set_num_threads(threads)
-            timings[threads] = best_of(
-                lambda: ig.pagerank(damping=DAMPING, implementation="prpack"),
-                runs_for(graph))
-    finally:
-        if openmp:
-            openmp[0].set_num_threads(default)
-    threads = min(timings, key=timings.__getitem__)
-    ranks = ig.pagerank(damping=DAMPING, implementation="prpack")
-    # Uniform teleport and uniform dangling redistribution: x is exactly y / sum(y).
-    paper = np.asarray(ranks) * float(reference.sum())
-    return timings[threads], float(np.abs(paper - reference).max()), threads
-
-
-def networkx_of(graph: LinkGraph) -> nx.DiGraph:
-    src, dst = graph.edges()
-    digraph = nx.DiGraph()
-    digraph.add_nodes_from(range(graph.num_ids))
-    digraph.add_edges_from(zip(src.tolist(), dst.tolist(), strict=True))
-    return digraph
-
-
-def networkx_error(digraph: nx.DiGraph, tol: float, reference: np.ndarray) -> float:
-    ranks = nx.pagerank(digraph, alpha=DAMPING, tol=tol, max_iter=10_000)
-    paper = np.array([ranks[i] for i in range(len(reference))]) * float(reference.sum())
-    return float(np.abs(paper - reference).max())
-
-
-def calibrate_networkx(digraph: nx.DiGraph, reference: np.ndarray, accuracy: float) -> float:
-    for tol in NX_LADDER:
-        if networkx_error(digraph, tol, reference) <= accuracy:
-            return tol
-    return NX_LADDER[-1]
 
 
 def warm_up_kernels() -> None:
@@ -429,7 +337,8 @@ def run_graph(setup: Setup, accuracy: float, repeats: int, seed: int, warmups: i
             continue
         batch_rows = {a: Row(setup.name, a, size, accuracy=accuracy, pages=probe.num_live)
                       for a in ALGORITHMS}
-        calibrate_incremental(list(lanes.values()), probe, size, accuracy, rng, warmups)
+        tries = max(warmups, min(MAX_WARMUPS, -(-WARMUP_LINKS // size)))
+        calibrate_incremental(list(lanes.values()), probe, size, accuracy, rng, tries)
         for a in ALGORITHMS:
             batch_rows[a].setting = lanes[a].setting
         check_identical(list(graphs.values()))
@@ -513,7 +422,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "(cyclic, default) and/or Kumar et al.'s original one with random "
                              "links to earlier pages only (dag)")
     parser.add_argument("--warmups", type=at_least(1), default=3,
-                        help="untimed warm-up batches per ladder step when calibrating incr")
+                        help="untimed warm-up batches per ladder step when calibrating incr "
+                             f"(more for small batches: {WARMUP_LINKS} links' worth, at most "
+                             f"{MAX_WARMUPS})")
     parser.add_argument("--networkx-large", action="store_true",
                         help="also time networkx on the synthetic graph (slow, GBs of RAM)")
     parser.add_argument("--skip-docs", action="store_true")
