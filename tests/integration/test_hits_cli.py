@@ -11,9 +11,7 @@ import pytest
 from consumer import hits_cli, serve_cli
 from rankstream.errors import InputError
 from rankstream.settings import Settings
-from tests.integration.test_hits_query import HandGraph, graph
-
-__all__ = ["graph"]  # the fixture, re-used from the query tests
+from tests.integration.conftest import HandGraph
 
 
 def _run(argv: list[str], settings: Settings) -> int:

@@ -24,7 +24,7 @@ from consumer.hits_query import MAX_SEEDS
 from consumer.http_api import create_app, server_config
 from rankstream.services.testing import delete_keys, redis_client
 from rankstream.settings import Settings
-from tests.integration.test_hits_query import HandGraph
+from tests.integration.conftest import HandGraph
 
 # Canonical URLs with characters that must come back byte for byte.
 ODD_URLS = [

@@ -6,93 +6,20 @@ Each test writes a hand-made graph straight into Redis in the public layout
 
 from __future__ import annotations
 
-import json
 import random
-import uuid
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import networkx as nx
 import numpy as np
 import pytest
-import redis as redis_py
-from pydantic import SecretStr
 
 from consumer import hits_base
 from consumer.hits_base import url_hosts
 from consumer.hits_query import HitsQuery, collect_subgraph, run_hits, url_host
-from consumer.text_index import index_text
-from producer.urls import canonicalize_url
 from rankstream.errors import InputError
-from rankstream.services.testing import delete_keys, redis_client
+from rankstream.services.testing import delete_keys
 from rankstream.settings import Settings
-
-
-@dataclass
-class HandGraph:
-    """Writes pages, links, titles, anchors and PageRank scores in the public layout."""
-
-    client: redis_py.Redis
-    prefix: str
-    ids: dict[str, int] = field(default_factory=dict)
-
-    def page(self, url: str) -> int:
-        url = canonicalize_url(url)
-        if url not in self.ids:
-            page_id = len(self.ids)
-            self.ids[url] = page_id
-            self.client.hset(f"{self.prefix}page:id", url, page_id)
-            self.client.hset(f"{self.prefix}page:url", page_id, url)
-        return self.ids[url]
-
-    def write(
-        self,
-        links: Iterable[tuple[str, str]] = (),
-        *,
-        titles: Mapping[str, str] | None = None,
-        anchors: Iterable[tuple[str, str, str]] = (),
-        pagerank: Mapping[str, float] | None = None,
-        pages: Iterable[str] = (),
-    ) -> None:
-        for url in pages:
-            self.page(url)
-        pipe = self.client.pipeline(transaction=True)
-        for src, dst in links:
-            s, d = self.page(src), self.page(dst)
-            pipe.sadd(f"{self.prefix}out:{s}", d)
-            pipe.sadd(f"{self.prefix}in:{d}", s)
-        index_text(
-            pipe,
-            self.prefix,
-            {self.page(u): t for u, t in (titles or {}).items()},
-            [(self.page(s), self.page(d), t) for s, d, t in anchors],
-        )
-        if pagerank:
-            pipe.zadd(f"{self.prefix}scores:pagerank",
-                      {canonicalize_url(u): y for u, y in pagerank.items()})
-        pipe.hincrby(f"{self.prefix}graph", "version", 1)
-        pipe.execute()
-
-    def unlink(self, src: str, dst: str) -> None:
-        s, d = self.ids[canonicalize_url(src)], self.ids[canonicalize_url(dst)]
-        pipe = self.client.pipeline(transaction=True)
-        pipe.srem(f"{self.prefix}out:{s}", d)
-        pipe.srem(f"{self.prefix}in:{d}", s)
-        pipe.hincrby(f"{self.prefix}graph", "version", 1)
-        pipe.execute()
-
-
-@pytest.fixture
-def graph(services: Settings) -> Iterator[HandGraph]:
-    """An empty graph under a fresh prefix (Redis only: no Kafka topics needed)."""
-    prefix = f"test:hits:{uuid.uuid4().hex[:10]}:"
-    client = redis_client(services)
-    try:
-        yield HandGraph(client, prefix)
-    finally:
-        client.close()
-        delete_keys(services, prefix)
+from tests.integration.conftest import HandGraph
 
 
 def base_urls(graph: HandGraph, query: HitsQuery) -> list[str]:
@@ -294,7 +221,7 @@ def test_intrinsic_links_are_dropped_by_default(graph: HandGraph) -> None:
     assert {p.url for p in dropped.hubs} == {"https://a.com/1", "https://b.com/1"}
 
 
-def _mutual_reinforcement(graph: HandGraph) -> list[str]:
+def mutual_reinforcement(graph: HandGraph) -> list[str]:
     """Three independent hubs on three hosts cite three authorities on three hosts;
     five pages of spam.com all cite both pages of target.com (a 5x2 block that beats
     the 3x3 block on page count alone)."""
@@ -308,7 +235,7 @@ def _mutual_reinforcement(graph: HandGraph) -> list[str]:
 
 
 def test_host_weighting_demotes_a_mutually_reinforcing_host(graph: HandGraph) -> None:
-    seeds = tuple(_mutual_reinforcement(graph))
+    seeds = tuple(mutual_reinforcement(graph))
     plain = run_hits(graph.client, graph.prefix, HitsQuery(seeds=seeds, k=3))
     weighted = run_hits(graph.client, graph.prefix,
                         HitsQuery(seeds=seeds, k=3, host_weighting=True))
@@ -320,7 +247,7 @@ def test_host_weighting_demotes_a_mutually_reinforcing_host(graph: HandGraph) ->
 
 
 def test_host_weights_are_the_product_of_both_rules(graph: HandGraph) -> None:
-    seeds = tuple(_mutual_reinforcement(graph))
+    seeds = tuple(mutual_reinforcement(graph))
     sub = collect_subgraph(graph.client, graph.prefix, HitsQuery(seeds=seeds, host_weighting=True))
     weights = {
         (sub.urls[i], sub.urls[j]): w
@@ -368,121 +295,6 @@ def test_equals_networkx_hits_on_the_same_base_subgraph(
             expected /= np.linalg.norm(expected)
         got = dict.fromkeys(sub.urls, 0.0) | {p.url: p.score for p in ours}
         np.testing.assert_allclose([got[u] for u in sub.urls], expected, atol=1e-9)
-
-
-# --- cache ---------------------------------------------------------------------------
-
-
-def test_cache_hit_then_invalidated_by_a_graph_change(graph: HandGraph) -> None:
-    seeds = tuple(_mutual_reinforcement(graph))
-    query = HitsQuery(seeds=seeds, k=3)
-    first = run_hits(graph.client, graph.prefix, query)
-    again = run_hits(graph.client, graph.prefix, query)
-    assert not first.cached and again.cached
-    assert again.authorities == first.authorities and again.graph_version == first.graph_version
-    assert graph.client.ttl(next(graph.client.scan_iter(f"{graph.prefix}hits:cache:*"))) > 0
-
-    # Same query in another spelling hits the same entry.
-    reordered = HitsQuery(seeds=(*reversed(seeds), seeds[0] + "#frag"), k=3)
-    assert run_hits(graph.client, graph.prefix, reordered).cached
-
-    # A graph change (version bump): the old answer must not come back.
-    for spammer in seeds[6:11]:
-        graph.unlink(spammer, "https://target.com/t1")
-    fresh = run_hits(graph.client, graph.prefix, query)
-    assert not fresh.cached and fresh.graph_version == first.graph_version + 5
-    # The spam block shrank to 5x1 (singular value sqrt 5 < 3): the good pages win now.
-    assert url_host(first.authorities[0].url) == "target.com"
-    assert fresh.authorities[0].url == "https://good1.org/"
-    assert fresh.links == first.links - 5
-    assert run_hits(graph.client, graph.prefix, query).cached
-
-
-def test_a_cached_answer_of_the_wrong_shape_is_recomputed(graph: HandGraph) -> None:
-    seeds = tuple(_mutual_reinforcement(graph))
-    query = HitsQuery(seeds=seeds, k=3)
-    first = run_hits(graph.client, graph.prefix, query)
-    key = next(graph.client.scan_iter(f"{graph.prefix}hits:cache:*"))
-    entry = json.loads(graph.client.get(key))
-    entry["authorities"][0]["score"] = "high"  # well-formed JSON, a field of the wrong type
-    graph.client.set(key, json.dumps(entry))
-    again = run_hits(graph.client, graph.prefix, query)
-    assert not again.cached and again.authorities == first.authorities
-
-
-def test_an_answer_that_cannot_be_cached_is_still_answered(
-        graph: HandGraph, services: Settings) -> None:
-    """A reader allowed to read only (a replica, an ACL): the cache write fails."""
-    seeds = tuple(_mutual_reinforcement(graph))
-    user, password = f"reader-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    graph.client.acl_setuser(user, enabled=True, passwords=[f"+{password}"],
-                             keys=[f"{graph.prefix}*"],
-                             commands=["+@read", "+@connection", "+@transaction"])
-    reader = redis_client(services.model_copy(update={
-        "redis_username": user, "redis_password": SecretStr(password)}))
-    try:
-        answer = run_hits(reader, graph.prefix, HitsQuery(seeds=seeds, k=3))
-        assert answer.authorities and not answer.cached
-        assert not list(graph.client.scan_iter(f"{graph.prefix}hits:cache:*"))
-    finally:
-        reader.close()
-        graph.client.acl_deluser(user)
-
-
-def test_seed_order_is_part_of_the_cache_key_when_it_decides_the_root_set(
-        graph: HandGraph) -> None:
-    """More seeds than root_size: the first known ones form the root set."""
-    graph.write([("https://hub0.org/", "https://a0.org/"), ("https://hub1.org/", "https://a1.org/")])
-    first, second = "https://hub0.org/", "https://hub1.org/"
-    ab = run_hits(graph.client, graph.prefix, HitsQuery(seeds=(first, second), root_size=1))
-    ba = run_hits(graph.client, graph.prefix, HitsQuery(seeds=(second, first), root_size=1))
-    assert not ba.cached
-    assert [h.url for h in ab.hubs] == [first] and [h.url for h in ba.hubs] == [second]
-    both = run_hits(graph.client, graph.prefix, HitsQuery(seeds=(second, first), root_size=2))
-    assert run_hits(graph.client, graph.prefix, HitsQuery(seeds=(first, second),
-                                                            root_size=2)).cached
-    assert both.root_size == 2
-
-
-def test_a_new_pagerank_publication_invalidates_the_cache(graph: HandGraph) -> None:
-    """PageRank picks the in-linkers (max_in) and ranks text matches; a publication
-    without new events keeps the meta's version, so the key uses its id."""
-    seeds = tuple(_mutual_reinforcement(graph))
-    meta = f"{graph.prefix}meta:pagerank"
-    graph.client.hset(meta, mapping={"version": 7, "publication": "p1"})
-    assert not run_hits(graph.client, graph.prefix, HitsQuery(seeds=seeds)).cached
-    assert run_hits(graph.client, graph.prefix, HitsQuery(seeds=seeds)).cached
-    graph.client.hset(meta, mapping={"version": 7, "publication": "p2"})
-    assert not run_hits(graph.client, graph.prefix, HitsQuery(seeds=seeds)).cached
-
-
-def test_options_are_part_of_the_cache_key(graph: HandGraph) -> None:
-    seeds = tuple(_mutual_reinforcement(graph))
-    run_hits(graph.client, graph.prefix, HitsQuery(seeds=seeds))
-    other = run_hits(graph.client, graph.prefix, HitsQuery(seeds=seeds, host_weighting=True))
-    assert not other.cached
-    assert not run_hits(graph.client, graph.prefix, HitsQuery(seeds=seeds, k=4)).cached
-
-
-def test_a_client_that_decodes_responses_gets_the_same_answer(
-    graph: HandGraph, services: Settings
-) -> None:
-    """run_hits is a library call: a redis-py client made with decode_responses=True
-    (str replies, not bytes) crashed on the publication id with an AttributeError."""
-    seeds = tuple(_mutual_reinforcement(graph))
-    graph.client.hset(f"{graph.prefix}meta:pagerank", "publication", "abc123")
-    query = HitsQuery(seeds=seeds, k=3)
-    expected = run_hits(graph.client, graph.prefix, query, use_cache=False)
-    password = services.redis_password.get_secret_value() if services.redis_password else None
-    client = redis_py.Redis.from_url(services.redis_url, username=services.redis_username,
-                                     password=password, decode_responses=True)
-    try:
-        for use_cache in (False, True, True):
-            answer = run_hits(client, graph.prefix, query, use_cache=use_cache)
-            assert answer.authorities == expected.authorities
-            assert answer.hubs == expected.hubs
-    finally:
-        client.close()
 
 
 @pytest.mark.parametrize("strong, weak", [(3, 1), (10, 8)])

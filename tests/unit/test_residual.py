@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from fractions import Fraction
-
-import numba
 import numpy as np
 import pytest
 
@@ -12,14 +9,11 @@ from ranker import _column_kernels as CK
 from ranker import _kernels as K
 from ranker import _scaled_sweep as SK
 from ranker import _split_sweep as SS
-from ranker import _thread_guard as TG
 from ranker import refresh, residual
-from ranker._thread_guard import ThreadGuard
-from ranker.bounds import static_tolerance, tolerance_floor
+from ranker.bounds import static_tolerance
 from ranker.dominant_mode import NO_MODE
 from ranker.edge_batches import EdgeBatch
 from ranker.incremental import LiveRanks
-from ranker.linkgraph import LinkGraph
 from ranker.pagerank import pagerank
 from ranker.refresh import SLOW_SWEEP, Refresh
 from ranker.synthetic import copying_model_graph, random_edit_batch
@@ -402,31 +396,6 @@ def test_new_pages_count_as_change_so_a_growing_crawl_goes_global_at_once() -> N
     assert engine.global_from > bar  # no push budget burnt first
 
 
-def test_kernel_threads_are_limited_per_calling_thread() -> None:
-    # The consumer keeps its ranker thread's kernels serial (Settings.ranker_threads)
-    # while the thread that loads the mirror keeps every core.
-    import threading
-
-    import numba
-
-    from ranker import set_kernel_threads
-
-    before = numba.get_num_threads()
-    seen: dict[str, int] = {}
-
-    def limited() -> None:
-        seen["set"] = set_kernel_threads(1)
-        seen["there"] = numba.get_num_threads()
-        seen["clamped"] = set_kernel_threads(10_000)
-
-    worker = threading.Thread(target=limited)
-    worker.start()
-    worker.join()
-    assert seen["set"] == 1 and seen["there"] == 1
-    assert seen["clamped"] == numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
-    assert numba.get_num_threads() == before
-
-
 @pytest.mark.parametrize("algorithm", ["pagerank", "wpr"])
 @pytest.mark.parametrize("mode", ["local", "global"])
 def test_a_refresh_keeps_to_the_ids_it_started_with(algorithm: str, mode: str) -> None:
@@ -447,170 +416,3 @@ def test_a_refresh_keeps_to_the_ids_it_started_with(algorithm: str, mode: str) -
     scores = engine.y[:started]
     reference = exact(ranks, algorithm)[:started]
     assert np.abs(scores - reference).sum() <= 1e-9 * scores.sum()
-
-
-def test_thread_guard_pauses_two_threads_while_the_process_lacks_a_core() -> None:
-    if numba.config.NUMBA_NUM_THREADS < 2:  # type: ignore[attr-defined]
-        pytest.skip("one kernel thread only")
-    now = [0.0]
-    guard = ThreadGuard(clock=lambda: now[0])
-    large = SS.SPLIT_MIN_PAGES  # a graph large enough for two threads
-    before = numba.get_num_threads()
-    with guard.kernel_threads(large):
-        assert numba.get_num_threads() == before
-        wall = TG.JUDGED_WALL / 2
-        assert guard.timed(wall, 0.0)  # too short to judge yet: CPU clocks move in ticks
-        assert not guard.timed(wall, 2 * wall)  # judged together: one core of two
-        assert guard.paused() and numba.get_num_threads() == 1
-    assert numba.get_num_threads() == before  # the caller's limit, whatever happened
-    with guard.kernel_threads(large):
-        assert numba.get_num_threads() == 1  # paused: one kernel thread from the start
-    now[0] = TG.PAUSE_SECONDS
-    with guard.kernel_threads(large):
-        assert numba.get_num_threads() == before  # tried again
-        assert guard.timed(TG.JUDGED_WALL, TG.SHARED_CORES * TG.JUDGED_WALL)
-        assert not guard.paused()
-    # A small graph's kernels always run on one thread: there two only add waiting.
-    with guard.kernel_threads(large - 1):
-        assert numba.get_num_threads() == 1
-    assert numba.get_num_threads() == before
-
-
-def test_refresh_goes_on_with_one_thread_when_a_core_is_taken() -> None:
-    if numba.config.NUMBA_NUM_THREADS < 2:  # type: ignore[attr-defined]
-        pytest.skip("one kernel thread only")
-    graph = copying_model_graph(3000, 8.0, seed=37).to_linkgraph()
-    ranks = LiveRanks(graph, tolerance=1e-9, max_error=1e-8, local_work=0.0)
-    ranks.cold_start()
-    now = [0.0]
-    ranks.thread_guard.clock = lambda: now[0]
-    # Kernel calls, with the calling thread's kernel thread limit at each.
-    calls: dict[str, list[int]] = {"split": [], "one": []}
-    wrapped = {}
-    for module, name, kind in ((SS, "split_sweep", "split"), (SS, "split_sweep_scaled", "split"),
-                               (K, "sweep", "one"), (SK, "sweep_scaled", "one")):
-        kernel = getattr(module, name)
-
-        def counted(*args: object, _kernel=kernel, _kind=kind) -> object:
-            calls[_kind].append(numba.get_num_threads())
-            return _kernel(*args)
-        wrapped[(module, name)] = counted
-    before = numba.get_num_threads()
-    rng = np.random.default_rng(38)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(SS, "SPLIT_MIN_PAGES", 0)
-        patch.setattr(TG, "JUDGED_WALL", 0.0)  # every two-thread sweep judged...
-        patch.setattr(TG, "SHARED_CORES", np.inf)  # ...as if it lacked a core
-        for (module, name), counted in wrapped.items():
-            patch.setattr(module, name, counted)
-        reports = ranks.apply(random_edit_batch(graph, 3000, rng))
-        for name, report in reports.items():
-            assert report.mode == "global" and report.fresh, report
-            truth = exact(ranks, name)
-            assert np.abs(ranks.scores(name) - truth).max() <= report.max_abs_bound + 1e-12
-        # One two-thread sweep (PageRank's first), then every sweep on one kernel
-        # thread, WPR's too: the engines share the guard.
-        assert len(calls["split"]) == 1 and len(calls["one"]) > 2
-        assert set(calls["one"]) == {1} and numba.get_num_threads() == before
-        ranks.apply(random_edit_batch(graph, 3000, rng))  # still paused
-        assert len(calls["split"]) == 1 and set(calls["one"]) == {1}
-        now[0] = TG.PAUSE_SECONDS  # the pause is over: two threads are tried again
-        ranks.apply(random_edit_batch(graph, 3000, rng))
-        assert len(calls["split"]) == 2
-    assert numba.get_num_threads() == before
-
-
-# --- the residual's own rounding (session 27's review) ------------------------------
-
-
-def _star_into_a_two_cycle(n: int) -> LinkGraph:
-    """Pages 1..n-1 link to page 0, which links to page 1: one hub with n - 1 in-links
-    whose terms are all alike, so a plain sum of them rounds the same way each time."""
-    src = np.r_[np.arange(1, n), 0].astype(np.int32)
-    dst = np.r_[np.zeros(n - 1), 1].astype(np.int32)
-    return LinkGraph.from_id_edges(src, dst, [f"p{i}" for i in range(n)])
-
-
-def _star_exact(n: int, damping: float) -> list[Fraction]:
-    """The exact ``y`` of that graph, PageRank's and WPR's alike (every page has one
-    out-link, and WPR's weights then come to PageRank's)."""
-    d = Fraction(damping)
-    b = 1 - d
-    hub = (b + d * b + d * (n - 2) * b) / (1 - d * d)
-    return [hub, b + d * hub] + [b] * (n - 2)
-
-
-def _exact_l1(y: np.ndarray, exact: list[Fraction]) -> float:
-    return float(sum(abs(Fraction(float(v)) - e) for v, e in zip(y, exact, strict=True)))
-
-
-@pytest.mark.parametrize("damping", [0.85, 0.93, 0.97])
-def test_a_hub_of_alike_terms_is_certified_within_its_true_error(damping: float) -> None:
-    """A plain sum of the hub's 4,999 in-link terms came out with a residual of exactly
-    0 where the exact one was 1e-9: called fresh at the smallest tolerance with a true
-    error over it (d = 0.93, 0.97), and with a bound of 0 under a max_error of 1e-10."""
-    n = 5000
-    graph = _star_into_a_two_cycle(n)
-    exact = _star_exact(n, damping)
-    for max_error in (None, 1e-10):
-        ranks = LiveRanks(graph, damping=damping, tolerance=tolerance_floor(damping),
-                          max_error=max_error)
-        for algorithm, report in ranks.cold_start().items():
-            y = ranks.scores(algorithm)[:n]
-            true_l1 = _exact_l1(y, exact)
-            assert report.bound > 0.0
-            assert true_l1 <= report.bound, (algorithm, max_error)
-            assert float(max(abs(Fraction(float(v)) - e) for v, e in zip(y, exact, strict=True))
-                         ) <= report.max_abs_bound
-            if report.fresh:
-                assert true_l1 <= report.relative_bound * report.total
-                assert true_l1 / float(sum(exact)) <= tolerance_floor(damping)
-
-
-def test_the_pulled_residuals_rounding_bounds_its_error_against_exact_arithmetic() -> None:
-    n = 5000
-    graph = _star_into_a_two_cycle(n)
-    d = 0.93
-    y = np.array([float(v) for v in _star_exact(n, d)])
-    r = np.zeros(n)
-    none = np.zeros(n)
-    _, _, rounding = K.full_residual_pull(K.KIND_PAGERANK, d, n, graph.live_mask(), y, r,
-                                          graph.in_start, graph.in_len, graph.in_nbr,
-                                          graph.out_len, none, none)
-    D = Fraction(d)
-    Y = [Fraction(v) for v in y]
-    exact_r = [(1 - D) - Y[0] + D * sum(Y[1:])]
-    exact_r.append((1 - D) - Y[1] + D * Y[0])
-    exact_r += [(1 - D) - Y[i] for i in range(2, n)]
-    error = float(sum(abs(Fraction(float(v)) - e) for v, e in zip(r, exact_r, strict=True)))
-    assert 0.0 < error <= rounding
-    assert rounding < 1e-12 * float(sum(Y))  # well below any tolerance the engines take
-
-
-def test_the_rounding_of_a_batchs_column_updates_is_counted_in_the_drift() -> None:
-    """Re-adding the columns of thousands of leaves into one hub rounds r[hub] against
-    its whole in-flow the same way every time; the bound counted none of it (a review
-    measured the kept residual 3.4x further from the exact one than it allowed)."""
-    leaves, rounds, damping = 2000, 4, 0.85
-    hub_pair = [(0, 1), (1, 0)] + [(leaf, 0) for leaf in range(2, 2 + leaves)]
-    n = 2 + leaves + rounds
-    graph = LinkGraph.from_id_edges(np.array([s for s, _ in hub_pair], dtype=np.int32),
-                                    np.array([d for _, d in hub_pair], dtype=np.int32),
-                                    [f"p{i}" for i in range(n)])
-    ranks = LiveRanks(graph, damping=damping, tolerance=tolerance_floor(damping),
-                      publish_threshold=0.0, algorithms=("pagerank",))
-    ranks.cold_start()
-    engine = ranks.engines["pagerank"]
-    for step in range(rounds):  # every leaf gains a link: its column out and back in
-        sources = np.arange(2, 2 + leaves, dtype=np.int32)
-        ranks.absorb(EdgeBatch(insert_src=sources,
-                               insert_dst=np.full(leaves, 2 + leaves + step, dtype=np.int32)))
-        src, dst = graph.edges()
-        live = graph.live_mask()
-        y = engine.y[:n].astype(np.longdouble)
-        pulled = np.zeros(n, dtype=np.longdouble)
-        share = y[src] / np.bincount(src, minlength=n).astype(np.longdouble)[src]
-        np.add.at(pulled, dst, share)
-        exact_r = np.where(live, 1 - np.longdouble(damping), 0) + damping * pulled - y
-        gap = float(np.abs(exact_r - engine.r[:n]).sum())
-        assert gap <= engine.drift + engine.residual_error, (step, gap, engine.drift)
