@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -129,10 +130,18 @@ def test_second_consumer_refuses_and_sigterm_stops_cleanly(isolated: Isolated, p
     assert len(lines) == 1 and "refusing to start" in lines[0], err
     assert f"pid {first.pid}" in lines[0]
     assert client.hget(keys.status, "state") == b"running"  # untouched by the refused one
+    probe = _status_check(settings, "--max-lag", "0")
+    assert probe.returncode == 0 and probe.stderr == "", probe.stderr
 
     first.send_signal(signal.SIGTERM)
     first.communicate(timeout=60)
     assert first.returncode == 0
+    probe = _status_check(settings, "--json")
+    assert probe.returncode == 1
+    assert probe.stderr == "rankstream status: unhealthy: no consumer holds the lease\n"
+    answer = json.loads(probe.stdout)
+    assert answer["healthy"] is False and answer["problems"] == ["no consumer holds the lease"]
+
     assert client.get(keys.lock) is None
     assert client.hget(keys.status, "state") == b"stopped"
 
@@ -175,3 +184,9 @@ def test_data_of_another_key_layout_is_refused_by_consumer_and_readers(isolated:
              if k != keys.status.encode()}
     assert after.keys() == before.keys()  # nothing written, nothing dropped
     assert all(after[k] == before[k] for k in before if k != keys.graph.encode())
+
+
+def _status_check(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "consumer", "status", "--check", *args],
+                          env=consumer_env(settings), capture_output=True, text=True,
+                          timeout=60)

@@ -167,3 +167,55 @@ def test_an_empty_path_is_named(argv: list[str], capsys: pytest.CaptureFixture[s
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "an empty path" in err and len(err.strip().splitlines()) == 1
+
+
+def test_status_check_names_every_reason_a_consumer_is_not_healthy():
+    """`rankstream status --check` exits 1 with the reasons (a probe's answer)."""
+    from datetime import UTC, datetime, timedelta
+
+    from consumer.commands.status import problems
+
+    now = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+
+    def raw(*, lock=True, state="running", age=1.0, lag="0", fresh=(True, True),
+            published=(True, True)):
+        beat = (now - timedelta(seconds=age)).isoformat(timespec="milliseconds")
+        return {"lock": {"pid": 1} if lock else None,
+                "consumer": {"state": state, "heartbeat_at": beat, "lag_total": lag},
+                "algorithms": {a: {"published": p, "fresh": f} for a, p, f
+                               in zip(("pagerank", "wpr"), published, fresh, strict=True)}}
+
+    def check(value, **options):
+        return problems(value, max_age_s=options.get("max_age_s", 60.0),
+                        max_lag=options.get("max_lag"), fresh=options.get("fresh", False),
+                        now=now)
+
+    assert check(raw()) == []
+    assert check(raw(lock=False, state="running")) == ["no consumer holds the lease"]
+    assert check(raw(state="waiting")) == ["consumer state waiting"]
+    assert check(raw(age=61.0)) == ["last heartbeat 61 s ago"]
+    assert check(raw(age=61.0), max_age_s=90.0) == []
+    assert check(raw(lag="5000"), max_lag=100) == ["lag 5000 events"]
+    assert check(raw(lag="5000")) == []  # no lag limit asked
+    assert check(raw(fresh=(True, False)), fresh=True) == ["wpr scores not fresh"]
+    assert check(raw(published=(False, True)), fresh=True) == ["pagerank scores not published"]
+    assert check(raw(fresh=(False, False))) == []  # freshness only with --fresh
+    broken = raw()
+    broken["consumer"] = {}
+    assert check(broken) == ["consumer state unknown", "no heartbeat"]
+    foreign = raw()
+    foreign["lock"] = {"raw": "x"}
+    assert check(foreign)[0] == "the lease key holds a value that is not rankstream's"
+
+
+@pytest.mark.parametrize("argv", [
+    ["status", "--fresh"], ["status", "--max-lag", "5"], ["status", "--max-age", "9"],
+    ["status", "--check", "--max-age", "0"], ["status", "--check", "--max-age", "nan"],
+    ["status", "--check", "--max-lag", "-1"],
+])
+def test_status_check_options_are_checked_before_redis_is_read(argv, capsys):
+    from rankstream.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "error" in err, err
