@@ -136,3 +136,19 @@ def test_new_pages_travel_as_one_script_call_or_plain_hsets():
     assert cmd[6].split("\n") == ["https://a.org/", "https://b.org/x?q=1 2"]
     plain = new_pages_commands(KEYS, pages, bulk=False)
     assert plain[0] == ("HSET", "t:page:id", "https://a.org/", 0, "https://b.org/x?q=1 2", 1)
+
+
+def test_plan_links_ignores_removals_of_pages_already_removed():
+    """A re-delivered page_removed of a page removed already is no removal: counted as
+    one, the `pages` counter of P graph came out one too low."""
+    from consumer.graph_write import plan_links
+    from ranker import EdgeBatch, LinkGraph
+
+    graph = LinkGraph.from_edges(["a", "c"], ["b", "b"])
+    b = graph.id_of("b")
+    graph.apply(EdgeBatch(removed_pages=np.array([b], dtype=np.int32)))
+    live_before = int(graph.live_mask().sum())
+    planned = plan_links(graph, EdgeBatch(removed_pages=np.array([b], dtype=np.int32)))
+    assert planned.removed_ids.size == 0
+    # what Mirror.plan stores as the P graph `pages` counter
+    assert int(graph.live_mask().sum()) - int(planned.removed_ids.size) == live_before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -304,3 +305,63 @@ def test_a_redis_user_without_eval_is_told_about_plain_writes():
         version=1, offsets={})
     with pytest.raises(ServiceError, match="--plain-writes"):
         publisher.send_swap(publication)
+
+
+@dataclass
+class _Report:
+    bound: float
+    total: float
+    fresh: bool = True
+    mode: str = "local"
+
+
+@dataclass
+class _Graph:
+    urls: list[str] = field(default_factory=list)
+
+    @property
+    def num_ids(self) -> int:
+        return len(self.urls)
+
+    def key_of(self, pid: int) -> str:
+        return self.urls[pid]
+
+    def live_mask(self) -> np.ndarray:
+        return np.ones(len(self.urls), dtype=bool)
+
+
+def test_unwritten_moves_never_make_a_fresh_engine_vector_unfresh():
+    """The budget for unwritten moves leaves room for the engine's own bound
+    (min(tol*total/2, tol*total - engine bound)): a fresh vector stays fresh."""
+    from consumer.keys import Keys
+    from consumer.publishing import ScoresAsOf
+    from consumer.score_publisher import ScorePublisher
+
+    n, tol = 100, 1e-4
+    graph = _Graph([f"https://p.org/{i}" for i in range(n)])
+    y0 = np.ones(n)
+    publisher = ScorePublisher(None, Keys("rs:"), damping=0.85, tolerance=tol,
+                               publish_threshold=0.0)
+    first = {"pagerank": _Report(0.0, float(y0.sum()))}
+    publisher.prepare(ScoresAsOf(graph, {"pagerank": y0}), first, version=1, offsets={})
+    y1 = y0.copy()
+    y1[:40] += 1e-4  # moves summing to 0.4 * tolerance * total, all above the threshold
+    total = float(y1.sum())
+    engine = _Report(bound=0.7 * tol * total, total=total)  # the engine itself is fresh
+    publication = publisher.prepare(ScoresAsOf(graph, {"pagerank": y1}), {"pagerank": engine},
+                                    version=2, offsets={})
+    (summary,) = publication.summary
+    assert summary.bound <= tol * summary.total
+    assert summary.fresh
+
+
+def test_url_table_survives_growth_across_syncs():
+    """The URL table's offsets grow after a first sync with every URL kept."""
+    from consumer.score_wire import UrlTable
+
+    urls = [f"https://u.org/{i}" for i in range(3000)]
+    table = UrlTable()
+    table.sync(urls.__getitem__, 1000)
+    table.sync(urls.__getitem__, 3000)  # offsets grow past 1024 with count > 0
+    view = table.view()
+    assert [view.url(i) for i in range(3000)] == urls

@@ -391,3 +391,12 @@ def test_scores_that_sum_to_infinity_are_not_published():
     with pytest.raises(ServiceError, match="not finite"):
         _check_finite("pagerank", y, np.ones(3, dtype=bool), 0.0)
     _check_finite("pagerank", y, np.array([True, False, True]), 0.0)
+
+
+def test_meta_engine_bound_is_the_engines_own():
+    from consumer.publication import meta_fields
+
+    fields = meta_fields(total=100.0, bound=3e-3, tolerance=1e-4, fresh=True, version=1,
+                         refreshed_at="t", offsets={}, damping=0.85, pages=100,
+                         mode="local", engine_bound=1e-3, publication="x")
+    assert fields["engine_bound"] == repr(1e-3) and fields["bound"] == repr(3e-3)

@@ -374,3 +374,39 @@ def test_a_shown_value_keeps_the_reason_on_one_line(value: str) -> None:
     shown = reason(data)
     assert shown.isascii() and len(shown.splitlines()) == 1
     assert json.dumps(value) in shown
+
+
+def _raw(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj).encode()
+
+
+_PAGE = {"type": "page", "url": "https://a.org/", "links": []}
+
+
+def test_a_ts_up_to_a_day_ahead_is_taken():
+    """The lead allowed a crawler's clock is a day: not an hour, not two."""
+    now_ms = int(time.time() * 1000)
+    ahead = now_ms + 23 * 3_600_000  # crawler clock 23 h fast: documented as accepted
+    assert decode_event(_raw({**_PAGE, "ts": ahead})).ts == ahead
+    with pytest.raises(InputError, match="is in the future"):
+        decode_event(_raw({**_PAGE, "ts": now_ms + 25 * 3_600_000}))
+
+
+def test_the_first_non_empty_anchor_text_of_a_duplicate_link_is_kept():
+    """docs/events.md: a link listed twice keeps its first non-empty anchor text."""
+    b = "https://a.org/b"
+    event = decode_event(_raw({**_PAGE, "links": [{"url": b, "text": "first"},
+                                                 {"url": b, "text": "second"}]}))
+    assert event.links == (b,) and event.anchors == ((b, "first"),)
+    event = decode_event(_raw({**_PAGE, "links": [{"url": b, "text": ""}, b,
+                                                 {"url": b, "text": "second"}]}))
+    assert event.anchors == ((b, "second"),)
+
+
+@pytest.mark.parametrize("links", [["https://a.org/x\nhttps://b.org/"],
+                                   ["https://c.org/", "https://a.org/x\nhttps://b.org/"]])
+def test_a_link_holding_a_newline_is_refused_on_the_fast_path_too(links):
+    """The fast path checks the links joined by newlines: one holding a newline looks
+    like two canonical URLs there, and must be refused as the slow path does."""
+    with pytest.raises(InputError, match=r"bad url: links\[\d\]: control character"):
+        decode_event(_raw({**_PAGE, "links": links}))
