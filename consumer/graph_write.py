@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from consumer.keys import LAYOUT_FIELD, LAYOUT_VERSION, Keys
+from consumer.keys import LAYOUT_FIELD, LAYOUT_VERSION, Keys, check_layout_value
 from consumer.resp import command, pooled_connection, set_commands, transaction
 from ranker.edge_batches import pair_keys, sorted_unique, split_pair_keys
 from rankstream.errors import ServiceError
@@ -365,10 +365,14 @@ def commit_graph(client: redis.Redis, keys: Keys, write: GraphWrite, *,
         if fence is not None:
             fence.check_on(conn)
         if after is not None:
-            conn.send_packed_command([command("WATCH", keys.graph),
-                                      command("HMGET", keys.graph, *PROGRESS_FIELDS)])
+            conn.send_packed_command([command("WATCH", keys.graph), command(
+                "HMGET", keys.graph, *PROGRESS_FIELDS, LAYOUT_FIELD)])
             conn.read_response()
-            stored = stored_progress(keys, conn.read_response())
+            *progress, layout = conn.read_response()
+            # Another release may have written here meanwhile (its consumer held the
+            # lease while ours lapsed): never stamp its data with our layout.
+            check_layout_value(keys, layout)
+            stored = stored_progress(keys, progress)
             if stored not in (after.progress, write.counters.progress):
                 raise GraphMoved(stored, after.progress)
         transaction(conn, payload, count)

@@ -19,6 +19,25 @@ LAYOUT_VERSION = 1
 LAYOUT_FIELD = "layout"
 
 
+def check_layout_value(keys: Keys, raw: bytes | str | None) -> None:
+    """Refuse a ``layout`` field of ``P graph`` other than this layout's (None, no
+    field, is this layout): :func:`consumer.redis_store.check_layout` at start, and
+    every graph transaction, which reads it with its fence."""
+    from rankstream.errors import ConfigError, ServiceError
+
+    if raw is None:
+        return
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    if not (text.isascii() and text.isdigit() and len(text) < 10):
+        raise ServiceError(f"{keys.graph} field {LAYOUT_FIELD} is {text!r}: not written "
+                           "by rankstream")
+    if int(text) != LAYOUT_VERSION:
+        raise ConfigError(
+            f"Redis holds rankstream key layout {int(text)} under prefix {keys.prefix!r}; "
+            f"this rankstream reads and writes layout {LAYOUT_VERSION}: run the release "
+            "that wrote it, or use another RANKSTREAM_KEY_PREFIX")
+
+
 @dataclass(frozen=True)
 class Keys:
     """All keys of one deployment, given its prefix ``P`` (default ``rs:``)."""

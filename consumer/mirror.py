@@ -25,7 +25,13 @@ import redis
 
 from consumer.graph_write import GraphCounters, GraphWrite, plan_links
 from consumer.keys import Keys, offset_field
-from consumer.redis_store import StoredState, crawled_bitmap, load_published, load_stored
+from consumer.redis_store import (
+    StoredState,
+    check_layout,
+    crawled_bitmap,
+    load_published,
+    load_stored,
+)
 from consumer.snapshot import read_identity, read_snapshot, unused_snapshot
 from rankstream.errors import InputError
 from rankstream.settings import Settings
@@ -91,6 +97,7 @@ class Mirror:
         from rankstream.graph_updates import NO_TS, EventApplier
 
         started = time.perf_counter()
+        check_layout(client, keys)  # at start, and at every rebuild after a recovery
         found = None
         if snapshot is not None and warm is None:
             found = read_snapshot(snapshot, read_identity(client, keys), settings.topic)

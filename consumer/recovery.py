@@ -62,14 +62,23 @@ class MirrorStale(ServiceError):
     """
 
 
+def run_every(steps: Mapping[str, Callable[[], object]], failed: str) -> Exception | None:
+    """Run every step whatever an earlier one raised (each failure logged as
+    ``failed``, naming the step); return the first error, if any."""
+    first: Exception | None = None
+    for what, step in steps.items():
+        try:
+            step()
+        except Exception as exc:
+            log.warning(failed, extra={"fields": {
+                "step": what, "error": f"{type(exc).__name__}: {exc}"[:300]}})
+            first = first or exc
+    return first
+
+
 def settle_void(in_flight: Mapping[str, Callable[[], object]]) -> None:
     """Wait for work made void by a rebuild: its errors are logged, never raised."""
-    for what, settle in in_flight.items():
-        try:
-            settle()
-        except Exception as exc:
-            log.warning("dropped before the rebuild", extra={"fields": {
-                "what": what, "error": repr(exc)[:300]}})
+    run_every(in_flight, "dropped before the rebuild")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from consumer.graph_write import GraphCounters
-from consumer.keys import ALGORITHMS, LAYOUT_FIELD, LAYOUT_VERSION, Keys
+from consumer.keys import ALGORITHMS, LAYOUT_FIELD, Keys, check_layout_value
 from consumer.resp import read_sets, transient_refusal
 from rankstream.errors import ConfigError, ServiceError, ServiceUnavailable
 from rankstream.settings import Settings
@@ -141,19 +141,11 @@ def check_layout(client: redis.Redis, keys: Keys) -> None:
     """Refuse data written in another version of the key layout (docs/redis-keys.md),
     with one line saying what to do: a consumer would otherwise write a mix of two
     layouts under one prefix, and a reader misread it. No ``layout`` field (a new
-    database, or data written before the field existed) is this layout."""
+    database, or data written before the field existed) is this layout. Works with
+    any client (``decode_responses`` or not): readers of the library may pass theirs."""
     with redis_errors("reading the key layout version"):
         raw: Any = client.hget(keys.graph, LAYOUT_FIELD)
-    if raw is None:
-        return
-    if not (isinstance(raw, bytes) and raw.isdigit() and len(raw) < 10):
-        raise ServiceError(f"{keys.graph} field {LAYOUT_FIELD} is {raw!r}: not written "
-                           "by rankstream")
-    if int(raw) != LAYOUT_VERSION:
-        raise ConfigError(
-            f"Redis holds rankstream key layout {int(raw)} under prefix {keys.prefix!r}; "
-            f"this rankstream reads and writes layout {LAYOUT_VERSION}: run the release "
-            "that wrote it, or use another RANKSTREAM_KEY_PREFIX")
+    check_layout_value(keys, raw)
 
 
 @contextlib.contextmanager

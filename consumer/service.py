@@ -36,7 +36,6 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import FrameType
 
@@ -52,7 +51,7 @@ from consumer.options import ConsumeOptions
 from consumer.pacing import Pacing
 from consumer.prefetch import Fetched, Prefetcher
 from consumer.publishing import Publications
-from consumer.recovery import Backoff, MirrorStale, Recovery, settle_void
+from consumer.recovery import Backoff, MirrorStale, Recovery, run_every, settle_void
 from consumer.redis_store import (
     check_layout,
     check_redis_fits,
@@ -188,6 +187,9 @@ class ConsumerService:
         retry("taking the lease", self.lock.acquire)
         self._holding = True
         self.lock.start_renewal()
+        # P status is ours now: until this, it showed the last holder's last word (a
+        # probe took a crashed predecessor's "running" for this process, a review).
+        self._set_state("starting", force=True)
         log.info("consumer starting", extra={"fields": {
             "redis": safe_address(settings.redis_url), "kafka": settings.kafka_bootstrap,
             "topic": settings.topic, "prefix": settings.key_prefix, "pid": self.stats.pid}})
@@ -290,26 +292,18 @@ class ConsumerService:
             if self._lock_tried:  # not while Redis was down at start (a misleading warning)
                 self.lock.release()
 
-        steps: list[tuple[str, Callable[[], object]]] = [
-            ("ranker", lambda: self._ranker.shutdown(wait=True)),
-            ("graph writer", lambda: self._writer.shutdown(wait=True)),
-            ("publications", self.publications.close),
-            ("status", stopped_state),
-            ("status writer", self.status.close),
-            ("kafka", close_source),
-            ("dead letters", lambda: self.dlq.close() if self.dlq is not None else None),
-            ("back buffers", self._release_buffers),
-            ("lease", release_lock),
-            ("redis", self.redis.close),
-        ]
-        first: BaseException | None = None
-        for what, step in steps:
-            try:
-                step()
-            except Exception as exc:
-                log.warning("shutdown step failed", extra={"fields": {
-                    "step": what, "error": f"{type(exc).__name__}: {exc}"[:300]}})
-                first = first or exc
+        first = run_every({
+            "ranker": lambda: self._ranker.shutdown(wait=True),
+            "graph writer": lambda: self._writer.shutdown(wait=True),
+            "publications": self.publications.close,
+            "status": stopped_state,
+            "status writer": self.status.close,
+            "kafka": close_source,
+            "dead letters": lambda: self.dlq.close() if self.dlq is not None else None,
+            "back buffers": self._release_buffers,
+            "lease": release_lock,
+            "redis": self.redis.close,
+        }, "shutdown step failed")
         if first is not None and not quiet:
             raise first
 

@@ -22,8 +22,9 @@ from rankstream.errors import InputError
 from rankstream.settings import Settings
 
 # The heartbeat is written about once a second while the loop runs, but not while a
-# long step holds the loop (a mirror load at start, a refresh after a huge batch):
-# the default allows for those; a probe that knows its graph can ask for less.
+# long step holds it (a refresh after a huge batch): the default allows for those. A
+# starting consumer is not healthy yet (state "starting" while it loads the graph,
+# which takes minutes on millions of pages): give a liveness probe a start-up grace.
 DEFAULT_MAX_AGE_S = 60.0
 
 
@@ -57,13 +58,17 @@ def problems(raw: dict[str, Any], *, max_age_s: float, max_lag: int | None, fres
     healthy; empty when it is. The heartbeat's age is read against this machine's
     clock: keep the consumer's and the checker's clocks in sync (NTP)."""
     found: list[str] = []
-    consumer = raw["consumer"]
-    if not raw["lock"]:
+    consumer, lock = raw["consumer"], raw["lock"]
+    if not lock:
         found.append("no consumer holds the lease")
-    elif "raw" in raw["lock"]:
+    elif "raw" in lock:
         found.append("the lease key holds a value that is not rankstream's")
+    elif (str(lock.get("pid")), lock.get("host")) != (consumer.get("pid"), consumer.get("host")):
+        # The holder has not written its status yet: what is there is a predecessor's.
+        found.append(f"status not written by the lease holder (pid {lock.get('pid')} on "
+                     f"{lock.get('host')})")
     state = consumer.get("state")
-    if raw["lock"] and state != "running":
+    if lock and state != "running":
         found.append(f"consumer state {state or 'unknown'}")
     beat = consumer.get("heartbeat_at")
     try:
@@ -73,6 +78,8 @@ def problems(raw: dict[str, Any], *, max_age_s: float, max_lag: int | None, fres
     else:
         if age > max_age_s:
             found.append(f"last heartbeat {age:.0f} s ago")
+        elif age < -max_age_s:  # a clock ahead would hide a heartbeat that stopped
+            found.append(f"last heartbeat {-age:.0f} s in the future: clocks out of sync")
     if max_lag is not None:
         try:
             lag = int(consumer.get("lag_total", ""))

@@ -293,16 +293,16 @@ def test_readers_and_cli_commands(isolated, capsys):
                          settings) == 0
     answer = json.loads(capsys.readouterr().out)
     assert answer["meta"]["wpr"]["fresh"] is True and answer["scores"]["wpr"] > 0
-    assert status_cmd.run(argparse.Namespace(json=True), settings) == 0
+    assert status_cmd.run(_status_args(json=True), settings) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["graph"]["pages"] == 6 and status["consumer"]["state"] == "stopped"
     assert status["running"] is False and np.isfinite(status["algorithms"]["wpr"]["bound"])
-    assert status_cmd.run(argparse.Namespace(json=False), settings) == 0
+    assert status_cmd.run(_status_args(json=False), settings) == 0
     assert f"of sum(y) (tolerance {settings.tolerance:.1e} of sum(y))" in capsys.readouterr().out
     # A consumer killed while running leaves its last state: said as such, once its
     # lease is gone.
     client.hset(Keys(settings.key_prefix).status, "state", "running")
-    assert status_cmd.run(argparse.Namespace(json=False), settings) == 0
+    assert status_cmd.run(_status_args(json=False), settings) == 0
     assert ("not running; state running when it last wrote (killed or crashed?)"
             in capsys.readouterr().out)
 
@@ -378,3 +378,13 @@ def test_no_score_back_buffer_outlives_its_consumer(isolated):
     consume(settings)
     assert list(client.scan_iter(match=pattern)) == []
     assert client.scard(keys.score_buffers) == 0
+
+
+def _status_args(**given: Any) -> argparse.Namespace:
+    """``rankstream status``'s parsed arguments: its defaults, then ``given``."""
+    from consumer.commands import status as status_cmd
+
+    parser = argparse.ArgumentParser()
+    status_cmd.add_arguments(parser)
+    return argparse.Namespace(**{**vars(parser.parse_args([])), **given})
+

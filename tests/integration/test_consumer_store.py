@@ -390,7 +390,40 @@ def test_the_key_layout_check(isolated, client):
         client.hset(keys.graph, "layout", value)
         with pytest.raises(ConfigError, match=f"key layout {int(value)} under prefix"):
             check_layout(client, keys)
-    for value in ("x", "-1", "1.0", "", "99999999999999999999"):
+    for value in ("x", "-1", "1.0", "", "99999999999999999999", "\u0661"):
         client.hset(keys.graph, "layout", value)
         with pytest.raises(ServiceError, match="not written by rankstream"):
             check_layout(client, keys)
+    # A library reader's client that decodes replies gets the same answers.
+    text_client = redis_py.Redis.from_url(isolated.settings.redis_url, decode_responses=True)
+    client.hset(keys.graph, "layout", 1)
+    check_layout(text_client, keys)
+    client.hset(keys.graph, "layout", 2)
+    with pytest.raises(ConfigError, match="key layout 2"):
+        check_layout(text_client, keys)
+    text_client.close()
+
+
+def test_a_graph_transaction_and_a_rebuild_refuse_data_of_another_layout(isolated, client):
+    """A running consumer checked the layout only at start: after its lease lapsed
+    and another release wrote layout 2, its rebuild loaded that data and its next
+    transaction stamped it layout 1 (a review). Both refuse it now, writing nothing."""
+    from consumer.mirror import Mirror
+    from rankstream.errors import ConfigError
+
+    keys = Keys(isolated.key_prefix)
+    lock = ConsumerLock(client, keys.lock, ttl_ms=5000)
+    lock.acquire()
+    first = GraphWrite(counters=GraphCounters(version=3), offsets={offset_field("t", 0): 3})
+    commit_graph(client, keys, first, fence=lock, after=GraphCounters())
+    assert client.hget(keys.graph, "layout") == b"1"
+    client.hset(keys.graph, "layout", 2)
+    later = GraphWrite(counters=GraphCounters(version=4), offsets={offset_field("t", 0): 4})
+    with pytest.raises(ConfigError, match="key layout 2"):
+        commit_graph(client, keys, later, fence=lock, after=GraphCounters(version=3))
+    assert client.hget(keys.graph, "layout") == b"2"
+    assert client.hget(keys.offsets, offset_field("t", 0)) == b"3"
+    with pytest.raises(ConfigError, match="key layout 2"):
+        Mirror.load(client, keys, isolated.settings)
+    lock.release()
+

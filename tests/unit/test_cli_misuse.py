@@ -180,8 +180,9 @@ def test_status_check_names_every_reason_a_consumer_is_not_healthy():
     def raw(*, lock=True, state="running", age=1.0, lag="0", fresh=(True, True),
             published=(True, True)):
         beat = (now - timedelta(seconds=age)).isoformat(timespec="milliseconds")
-        return {"lock": {"pid": 1} if lock else None,
-                "consumer": {"state": state, "heartbeat_at": beat, "lag_total": lag},
+        return {"lock": {"pid": 1, "host": "h"} if lock else None,
+                "consumer": {"state": state, "heartbeat_at": beat, "lag_total": lag,
+                             "pid": "1", "host": "h"},
                 "algorithms": {a: {"published": p, "fresh": f} for a, p, f
                                in zip(("pagerank", "wpr"), published, fresh, strict=True)}}
 
@@ -202,10 +203,18 @@ def test_status_check_names_every_reason_a_consumer_is_not_healthy():
     assert check(raw(fresh=(False, False))) == []  # freshness only with --fresh
     broken = raw()
     broken["consumer"] = {}
-    assert check(broken) == ["consumer state unknown", "no heartbeat"]
+    assert check(broken) == ["status not written by the lease holder (pid 1 on h)",
+                             "consumer state unknown", "no heartbeat"]
     foreign = raw()
     foreign["lock"] = {"raw": "x"}
     assert check(foreign)[0] == "the lease key holds a value that is not rankstream's"
+    # A new holder that has not written its status yet: a crashed predecessor's
+    # "running" is not this process's (a review).
+    successor = raw()
+    successor["lock"] = {"pid": 2, "host": "h"}
+    assert check(successor) == ["status not written by the lease holder (pid 2 on h)"]
+    assert check(raw(age=-61.0)) == ["last heartbeat 61 s in the future: clocks out of sync"]
+    assert check(raw(age=-5.0)) == []  # a little skew is no problem
 
 
 @pytest.mark.parametrize("argv", [
