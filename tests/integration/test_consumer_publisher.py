@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -14,43 +13,9 @@ from consumer.redis_store import connect_redis
 from consumer.score_publisher import ScorePublisher
 from rankstream.errors import ServiceError
 from rankstream.services.testing import Isolated
+from tests.publisher_fakes import FakeGraph, FakeRanks, Report
 
 ALGORITHMS = ("pagerank", "wpr")
-
-
-@dataclass
-class Report:
-    bound: float
-    total: float
-    fresh: bool = True
-    mode: str = "local"
-
-
-@dataclass
-class FakeGraph:
-    urls: list[str] = field(default_factory=list)
-    live: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
-
-    @property
-    def num_ids(self) -> int:
-        return len(self.urls)
-
-    def key_of(self, pid: int) -> str:
-        return self.urls[pid]
-
-    def live_mask(self) -> np.ndarray:
-        return self.live
-
-
-@dataclass
-class FakeRanks:
-    """What ScorePublisher reads from ranker.LiveRanks: the graph and y per algorithm."""
-
-    graph: FakeGraph
-    y: dict[str, np.ndarray]
-
-    def scores(self, algorithm: str) -> np.ndarray:
-        return self.y[algorithm]
 
 
 @pytest.fixture

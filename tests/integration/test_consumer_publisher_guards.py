@@ -17,14 +17,13 @@ from consumer.score_publisher import ScorePublisher
 from rankstream.services.testing import Isolated
 from tests.integration.test_consumer_publisher import (
     ALGORITHMS,
-    FakeGraph,
-    FakeRanks,
     check,
     evolve,
     exact_reports,
     published_once,
     zset,
 )
+from tests.publisher_fakes import FakeGraph, FakeRanks
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ from hypothesis import strategies as st
 from consumer.resp import command
 from consumer.score_plan import ZsetRecord, plan_writes, unwritten_within
 from consumer.score_wire import SCORE_TOKEN, UrlTable, score_tokens, zadd_command, zrem_command
+from tests.publisher_fakes import FakeGraph, Report
 
 
 @settings(max_examples=200, deadline=None)
@@ -307,29 +307,6 @@ def test_a_redis_user_without_eval_is_told_about_plain_writes():
         publisher.send_swap(publication)
 
 
-@dataclass
-class _Report:
-    bound: float
-    total: float
-    fresh: bool = True
-    mode: str = "local"
-
-
-@dataclass
-class _Graph:
-    urls: list[str] = field(default_factory=list)
-
-    @property
-    def num_ids(self) -> int:
-        return len(self.urls)
-
-    def key_of(self, pid: int) -> str:
-        return self.urls[pid]
-
-    def live_mask(self) -> np.ndarray:
-        return np.ones(len(self.urls), dtype=bool)
-
-
 def test_unwritten_moves_never_make_a_fresh_engine_vector_unfresh():
     """The budget for unwritten moves leaves room for the engine's own bound
     (min(tol*total/2, tol*total - engine bound)): a fresh vector stays fresh."""
@@ -338,16 +315,16 @@ def test_unwritten_moves_never_make_a_fresh_engine_vector_unfresh():
     from consumer.score_publisher import ScorePublisher
 
     n, tol = 100, 1e-4
-    graph = _Graph([f"https://p.org/{i}" for i in range(n)])
+    graph = FakeGraph([f"https://p.org/{i}" for i in range(n)], np.ones(n, dtype=bool))
     y0 = np.ones(n)
     publisher = ScorePublisher(None, Keys("rs:"), damping=0.85, tolerance=tol,
                                publish_threshold=0.0)
-    first = {"pagerank": _Report(0.0, float(y0.sum()))}
+    first = {"pagerank": Report(0.0, float(y0.sum()))}
     publisher.prepare(ScoresAsOf(graph, {"pagerank": y0}), first, version=1, offsets={})
     y1 = y0.copy()
     y1[:40] += 1e-4  # moves summing to 0.4 * tolerance * total, all above the threshold
     total = float(y1.sum())
-    engine = _Report(bound=0.7 * tol * total, total=total)  # the engine itself is fresh
+    engine = Report(bound=0.7 * tol * total, total=total)  # the engine itself is fresh
     publication = publisher.prepare(ScoresAsOf(graph, {"pagerank": y1}), {"pagerank": engine},
                                     version=2, offsets={})
     (summary,) = publication.summary
