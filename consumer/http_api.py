@@ -47,8 +47,11 @@ from consumer.hits_query import (
     ScoredPage,
     run_hits,
 )
+from consumer.keys import Keys
+from consumer.redis_store import check_layout
 from producer.urls import canonicalize_url
 from rankstream.errors import (
+    ConfigError,
     ConvergenceError,
     InputError,
     RankstreamError,
@@ -142,11 +145,21 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 def create_app(redis: Any, prefix: str, *, cache_ttl: int = DEFAULT_CACHE_TTL) -> FastAPI:
     """The API over the graph and scores under ``prefix``, read through client ``redis``."""
+    keys = Keys(prefix)
+
+    def check_layout_now() -> None:
+        # Every request, not only at start: a server left up across an upgrade of the
+        # consumer would otherwise answer from a layout it misreads (one HGET).
+        try:
+            check_layout(redis, keys)
+        except ConfigError as exc:
+            raise ServiceError(str(exc)) from exc
+
     app = FastAPI(
         title="rankstream",
         summary="Live PageRank / Weighted PageRank scores and on-demand HITS",
         version="1",
-        dependencies=[Depends(_check_parameter_names)],
+        dependencies=[Depends(_check_parameter_names), Depends(check_layout_now)],
     )
     _add_error_handlers(app)
 

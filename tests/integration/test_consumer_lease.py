@@ -181,3 +181,24 @@ def test_renewal_extends_the_lease(isolated, client):
     assert lock.renew()
     assert client.pttl(key) > 2000
     lock.release()
+
+
+def test_a_takeover_that_loses_the_race_leaves_the_winners_lease(isolated, client, monkeypatch):
+    """Taking over a dead holder's lease is a compare-and-set: a rival that took it
+    meanwhile keeps it, and is named."""
+    import consumer.lock as lock_module
+    from consumer.lock import LockHeld
+
+    key = Keys(isolated.key_prefix).lock
+    dead = ConsumerLock(client, key, ttl_ms=60_000, pid=2**22 + 12345)
+    dead.acquire()
+    winner = ConsumerLock(client, key, ttl_ms=60_000, pid=os.getppid())
+
+    def racing(pid: int) -> bool:  # while we look the dead holder up, a rival takes over
+        client.set(key, winner.value, px=60_000)
+        return False
+
+    monkeypatch.setattr(lock_module, "_pid_alive", racing)
+    with pytest.raises(LockHeld, match=f"pid {os.getppid()} "):
+        ConsumerLock(client, key, ttl_ms=60_000).acquire()
+    assert client.get(key) == winner.value

@@ -185,3 +185,27 @@ def test_foreign_bytes_in_the_scores_or_their_meta_are_replaced_not_a_crash(isol
     assert not publisher.send(publisher.prepare(ranks, reports, version=1, offsets={}))
     assert publisher.send(publisher.prepare(ranks, reports, version=1, offsets={}))
     check(client, keys, ranks, reports)
+
+
+def test_plain_writes_refuse_a_seeded_back_buffer_with_a_member_we_cannot_name(isolated, client):
+    """test_a_seeded_back_buffer_with_a_member_we_cannot_name_is_refused_then_replaced,
+    under --plain-writes (the WATCH/ZCARD path): it runs only with the script today."""
+    from tests.integration.test_consumer_publisher import (
+        check,
+        evolve,
+        exact_reports,
+        published_once,
+        restarted_publisher,
+    )
+
+    keys = Keys(isolated.key_prefix)
+    ranks, rng = published_once(client, keys, seed=6)
+    client.zadd(keys.scores("pagerank"), {"https://nobody.example/": 0.5})
+    second, _ = restarted_publisher(client, keys, ranks.graph)
+    second.scripts = False
+    evolve(rng, ranks, 1)
+    reports = exact_reports(ranks)
+    assert not second.send(second.prepare(ranks, reports, version=1, offsets={}))
+    assert second.send(second.prepare(ranks, reports, version=1, offsets={}))
+    check(client, keys, ranks, reports)
+    assert client.zscore(keys.scores("pagerank"), "https://nobody.example/") is None

@@ -427,3 +427,18 @@ def test_a_graph_transaction_and_a_rebuild_refuse_data_of_another_layout(isolate
         Mirror.load(client, keys, isolated.settings)
     lock.release()
 
+
+
+def test_an_empty_member_in_an_adjacency_set_is_a_clear_error(isolated, client):
+    """numpy 2.4 itself refuses "x" (the existing damage case), so the count check in
+    consumer.resp._parse_ids is reached only by members that parse as nothing."""
+    from consumer.redis_store import load_stored
+    from rankstream.errors import ServiceError
+
+    keys = Keys(isolated.key_prefix)
+    client.hset(keys.page_url, mapping={"0": "https://a.example/", "1": "https://b.example/",
+                                        "2": "https://c.example/"})
+    client.sadd(keys.out_links(0), 1, 2)
+    client.sadd(keys.out_links(1), "")
+    with pytest.raises(ServiceError):
+        load_stored(client, keys, "t")

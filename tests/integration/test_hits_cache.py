@@ -126,3 +126,22 @@ def test_a_client_that_decodes_responses_gets_the_same_answer(
             assert answer.hubs == expected.hubs
     finally:
         client.close()
+
+
+def test_an_answer_computed_across_a_graph_change_is_not_cached(graph, monkeypatch):
+    """A graph transaction landing while HITS runs: the answer is given, not cached."""
+    import consumer.hits_query as hq
+    from consumer.hits_query import HitsQuery, run_hits
+    from tests.integration.test_hits_query import mutual_reinforcement
+
+    seeds = tuple(mutual_reinforcement(graph))
+    real = hq.hits
+
+    def racing(*args, **kwargs):  # a graph transaction lands while HITS runs
+        graph.client.hincrby(f"{graph.prefix}graph", "version", 1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hq, "hits", racing)
+    query = HitsQuery(seeds=seeds, k=3)
+    assert not run_hits(graph.client, graph.prefix, query).cached
+    assert list(graph.client.scan_iter(f"{graph.prefix}hits:cache:*")) == []

@@ -275,3 +275,19 @@ def test_values_rankstream_never_writes_are_502_with_the_reason(
         client.delete(full)
         if saved is not None:
             client.restore(full, 0, saved)
+
+
+def test_data_of_another_key_layout_is_refused_with_every_request(
+        http: httpx.Client, served: tuple[str, HandGraph]) -> None:
+    """`serve` checked the layout only at its start: a server left up across an
+    upgrade would answer from data it misreads. Now each request checks (502)."""
+    graph = served[1]
+    graph.client.hset(f"{graph.prefix}graph", "layout", 2)
+    try:
+        for path in ("/top", "/status", "/hits?q=python"):
+            answer = http.get(path)
+            assert answer.status_code == 502, (path, answer.text)
+            assert "key layout 2" in answer.json()["detail"]
+    finally:
+        graph.client.hdel(f"{graph.prefix}graph", "layout")
+    assert http.get("/top").status_code == 200

@@ -167,3 +167,28 @@ def test_data_without_crawled_flags_gets_them_with_every_page_counted_crawled(is
     # The orphan rule's invariant: every live page is crawled or linked to.
     live = graph.live_mask()
     assert not (live & ~crawled & (graph.in_len[: graph.num_ids] == 0)).any()
+
+
+def test_a_snapshot_is_ignored_once_another_publication_landed(snapshots, caplog):
+    """Same graph, same offsets, but another consumer published since (an idle
+    refresh): the snapshot's score vectors are not what the ZSETs hold."""
+    import logging
+
+    import numpy as np
+
+    from consumer.mirror import Mirror
+    from consumer.snapshot import snapshot_path
+
+    settings = snapshots
+    path = snapshot_path(settings)
+    assert path is not None and path.exists()
+    client, keys = connect_redis(settings), Keys(settings.key_prefix)
+    member = client.zrange(keys.scores("pagerank"), 0, 0)[0]
+    client.zincrby(keys.scores("pagerank"), 1.0, member)
+    client.hset(keys.meta("pagerank"), "publication", "another-consumers")
+    with caplog.at_level(logging.INFO, logger="rankstream.consumer"):
+        loaded = Mirror.load(client, keys, settings, snapshot=path)
+        from_redis = Mirror.load(client, keys, settings)
+    assert [f["from"] for f in _loads(caplog, "mirror loaded")] == ["redis"] * 2
+    assert np.array_equal(loaded.published["pagerank"], from_redis.published["pagerank"],
+                          equal_nan=True)
