@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rankstream.errors import ConfigError, ServiceError
+
 ALGORITHMS: tuple[str, ...] = ("pagerank", "wpr")
 
 # The version of this layout, kept in the ``layout`` field of ``P graph`` (written by
@@ -23,8 +25,6 @@ def check_layout_value(keys: Keys, raw: bytes | str | None) -> None:
     """Refuse a ``layout`` field of ``P graph`` other than this layout's (None, no
     field, is this layout): :func:`consumer.redis_store.check_layout` at start, and
     every graph transaction, which reads it with its fence."""
-    from rankstream.errors import ConfigError, ServiceError
-
     if raw is None:
         return
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)

@@ -180,6 +180,8 @@ class ConsumerService:
         wait = min(self.options.startup_wait_s, self.options.max_seconds or math.inf)
         self.recovery.wait_for_redis(wait, self.stop_event)
         retry("checking the Redis server", lambda: check_redis_fits(self.redis))
+        # Before the lease, so a refused start writes nothing (Mirror.load checks again,
+        # for the rebuilds after a recovery).
         retry("checking the key layout", lambda: check_layout(self.redis, self.keys))
         self._lock_tried = True  # released even if the reply of a SET that took it was lost
         # Retried like the rest: a full Redis refusing the SET (out of memory) was an

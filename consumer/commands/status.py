@@ -106,7 +106,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         client.close()
     found = problems(raw, max_age_s=args.max_age, max_lag=args.max_lag, fresh=args.fresh)
     code = 1 if args.check and found else 0
-    if args.check and found:
+    if code:
         sys.stderr.write(f"rankstream status: unhealthy: {'; '.join(found)}\n")
     info = json_safe(raw)
     if args.json:
