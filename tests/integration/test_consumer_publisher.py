@@ -61,6 +61,24 @@ def published_once(client: redis_py.Redis, keys: Keys, *, seed: int, zeroed: int
     return ranks, rng
 
 
+def publishing(client: redis_py.Redis, keys: Keys, *, seed: int, steps: int,
+               scripts: bool = True, owner: str = "0", fence: Any = None
+               ) -> tuple[ScorePublisher, FakeRanks, np.random.Generator]:
+    """A publisher that has sent ``steps`` publications of a random, evolving graph
+    (each swap ``fence``d if given); returns it with the ranks and the generator, for
+    more steps."""
+    publisher = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6,
+                               publish_threshold=0.0, owner=owner, scripts=scripts)
+    rng = np.random.default_rng(seed)
+    ranks = FakeRanks(FakeGraph(), {})
+    publisher.reset()
+    for step in range(steps):
+        evolve(rng, ranks, step)
+        assert publisher.send(publisher.prepare(ranks, exact_reports(ranks), version=step,
+                                                offsets={}), fence=fence)
+    return publisher, ranks, rng
+
+
 def restarted_publisher(client: redis_py.Redis, keys: Keys, graph: FakeGraph
                         ) -> tuple[ScorePublisher, dict[str, np.ndarray]]:
     """A publisher as a restarted consumer has it: the live ZSETs read back, adopted
@@ -194,15 +212,7 @@ def test_a_swap_without_its_chunks_is_refused_not_published(isolated, client, sc
     buffer with the right member count and older values: the swap made it live
     under the new bound and fresh flag (a review: L1 85 against a total of 300)."""
     keys = Keys(isolated.key_prefix)
-    publisher = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6,
-                               publish_threshold=0.0, scripts=scripts)
-    rng = np.random.default_rng(12)
-    ranks = FakeRanks(FakeGraph(), {})
-    publisher.reset()
-    for step in range(3):
-        evolve(rng, ranks, step)
-        assert publisher.send(publisher.prepare(ranks, exact_reports(ranks), version=step,
-                                                offsets={}))
+    publisher, ranks, _ = publishing(client, keys, seed=12, steps=3, scripts=scripts)
     for step in (3, 4):  # values move, membership does not: back and live agree on it
         for algorithm in ALGORITHMS:
             ranks.y[algorithm] = ranks.y[algorithm] * 1.01

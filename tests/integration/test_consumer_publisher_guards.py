@@ -21,6 +21,7 @@ from tests.integration.test_consumer_publisher import (
     evolve,
     exact_reports,
     published_once,
+    publishing,
     zset,
 )
 from tests.publisher_fakes import FakeGraph, FakeRanks
@@ -70,15 +71,8 @@ def test_the_swap_is_fenced_and_a_stale_consumer_cannot_publish(isolated, client
     keys = Keys(isolated.key_prefix)
     lock = ConsumerLock(client, keys.lock, ttl_ms=5000)
     lock.acquire()
-    stale = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6, publish_threshold=0.0,
-                           owner="stale", scripts=scripts)
-    rng = np.random.default_rng(11)
-    ranks = FakeRanks(FakeGraph(), {})
-    stale.reset()
-    for step in range(2):
-        evolve(rng, ranks, step)
-        reports = exact_reports(ranks)
-        assert stale.send(stale.prepare(ranks, reports, version=step, offsets={}), fence=lock)
+    stale, ranks, rng = publishing(client, keys, seed=11, steps=2, scripts=scripts,
+                                   owner="stale", fence=lock)
     before = {a: zset(client, keys.scores(a)) for a in ALGORITHMS}
     evolve(rng, ranks, 2)
     reports = exact_reports(ranks)

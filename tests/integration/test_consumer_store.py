@@ -248,6 +248,41 @@ def test_after_a_foreign_write_no_writer_thread_commits_until_the_rebuild(isolat
     lock.release()
 
 
+def test_a_foreign_write_that_moved_only_offsets_is_not_taken_for_none(isolated, client):
+    """Another consumer committed a batch of dead letters only while our lease had
+    lapsed: the version stands still, the offsets moved. The regain must not carry on
+    (a mutation review: no test told the two apart)."""
+    keys = Keys(isolated.key_prefix)
+    _, recovery = _committed_once(client, keys)
+    client.delete(keys.lock)
+    other = ConsumerLock(client, keys.lock, ttl_ms=5000, pid=1)
+    other.acquire()
+    commit_graph(client, keys, GraphWrite(counters=GraphCounters(version=1, dlq=5),
+                                          offsets={"t:0": 15}), fence=other)
+    other.release()
+    attempts = []
+
+    def refused_once() -> None:  # the write that found the lease gone; a retry would pass
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise LockLost("EXEC aborted during the freeze")
+
+    with pytest.raises(MirrorStale):
+        recovery.fenced("publishing", refused_once)
+    assert attempts == [1]
+
+
+def test_an_idle_check_finds_a_graph_that_moved_on(isolated, client):
+    """The idle check finds a graph another writer moved on, not only one that went back."""
+    keys = Keys(isolated.key_prefix)
+    lock, recovery = _committed_once(client, keys)
+    recovery.check_graph_kept()  # as committed: nothing to do
+    client.hset(keys.graph, "version", 4)  # another writer's batches
+    with pytest.raises(MirrorStale, match="another writer"):
+        recovery.check_graph_kept()
+    lock.release()
+
+
 def test_a_lease_retaken_with_no_foreign_write_carries_on(isolated, client):
     keys = Keys(isolated.key_prefix)
     lock, recovery = _committed_once(client, keys)

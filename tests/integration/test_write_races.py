@@ -1,7 +1,7 @@
-"""Writes by others that a fence must notice, against the real redis-server: landing
-between its check and its EXEC (it must abort, or read again, never act on what it
-checked a moment before), or while our lease had lapsed. Found missing by a mutation
-review: every other test changes the state before the check."""
+"""Writes by others landing between a fence's check and its EXEC, against the real
+redis-server: the fence must abort (or read again), never act on what it checked a
+moment before. Found missing by a mutation review: every other test changed the state
+before the check. (Foreign writes while our lease had lapsed: test_consumer_store.)"""
 
 from __future__ import annotations
 
@@ -60,81 +60,22 @@ def test_a_lease_changed_after_the_token_check_aborts_the_transaction(
     assert client.hget(keys.offsets, "t:0") is None
 
 
-def test_a_foreign_write_that_moved_only_offsets_is_not_taken_for_none(isolated, client):
-    """Another consumer committed a batch of dead letters only while our lease had
-    lapsed: the version stands still, the offsets moved. The regain must not carry on."""
-    from consumer.lock import LockLost
-    from consumer.recovery import Backoff, MirrorStale, Recovery
-    from consumer.stats import ConsumerStats
-
-    keys = Keys(isolated.key_prefix)
-    lock = ConsumerLock(client, keys.lock, ttl_ms=5000)
-    lock.acquire()
-    recovery = Recovery(client, lock, keys, "t", ConsumerStats(), Backoff(0.001, 0.001),
-                        stop_grace_s=1.0, set_state=lambda _state: None)
-    commit_graph(client, keys, GraphWrite(counters=GraphCounters(version=1),
-                                          offsets={"t:0": 10}), fence=lock)
-    recovery.committed = (GraphCounters(version=1), {"t:0": 10})
-    client.delete(keys.lock)
-    other = ConsumerLock(client, keys.lock, ttl_ms=5000, pid=1)
-    other.acquire()
-    commit_graph(client, keys, GraphWrite(counters=GraphCounters(version=1, dlq=5),
-                                          offsets={"t:0": 15}), fence=other)
-    other.release()
-
-    attempts = []
-
-    def refused_once() -> None:  # the write that found the lease gone; a retry would pass
-        attempts.append(1)
-        if len(attempts) == 1:
-            raise LockLost("EXEC aborted during the freeze")
-
-    with pytest.raises(MirrorStale):
-        recovery.fenced("publishing", refused_once)
-    assert attempts == [1]
-
-
-def test_an_idle_check_finds_a_graph_that_moved_on(isolated, client):
-    """The idle check finds a graph another writer moved on, not only one that went back."""
-    from consumer.recovery import Backoff, MirrorStale, Recovery
-    from consumer.stats import ConsumerStats
-
-    keys = Keys(isolated.key_prefix)
-    lock = ConsumerLock(client, keys.lock, ttl_ms=5000)
-    lock.acquire()
-    recovery = Recovery(client, lock, keys, "t", ConsumerStats(), Backoff(0.001, 0.001),
-                        stop_grace_s=1.0, set_state=lambda _state: None)
-    commit_graph(client, keys, GraphWrite(counters=GraphCounters(version=1),
-                                          offsets={"t:0": 10}), fence=lock)
-    recovery.committed = (GraphCounters(version=1), {"t:0": 10})
-    recovery.check_graph_kept()  # as committed: nothing to do
-    client.hset(keys.graph, "version", 4)  # another writer's batches
-    with pytest.raises(MirrorStale, match="another writer"):
-        recovery.check_graph_kept()
-    lock.release()
-
-
 def test_a_back_buffer_expiring_between_the_checks_and_exec_aborts_a_plain_swap(
         isolated, client, monkeypatch):
     """Under --plain-writes the swap WATCHes the back buffers it checked: one that
     expires before EXEC aborts it (RENAME of the live ZSET, then a failure, lost it)."""
-    import numpy as np
     from redis.client import Pipeline
 
-    from consumer.score_publisher import ScorePublisher
-    from tests.integration.test_consumer_publisher import ALGORITHMS, evolve, exact_reports, zset
-    from tests.publisher_fakes import FakeGraph, FakeRanks
+    from tests.integration.test_consumer_publisher import (
+        ALGORITHMS,
+        evolve,
+        exact_reports,
+        publishing,
+        zset,
+    )
 
     keys = Keys(isolated.key_prefix)
-    publisher = ScorePublisher(client, keys, damping=0.85, tolerance=1e-6,
-                               publish_threshold=0.0, scripts=False)
-    rng = np.random.default_rng(11)
-    ranks = FakeRanks(FakeGraph(), {})
-    publisher.reset()
-    for step in range(2):
-        evolve(rng, ranks, step)
-        assert publisher.send(publisher.prepare(ranks, exact_reports(ranks), version=step,
-                                                offsets={}))
+    publisher, ranks, rng = publishing(client, keys, seed=11, steps=2, scripts=False)
     evolve(rng, ranks, 2)
     publication = publisher.prepare(ranks, exact_reports(ranks), version=2, offsets={})
     publisher.send_chunks(publication)
