@@ -138,7 +138,7 @@ def run_throughput(settings: Settings) -> Throughput:
         capture.publications.clear()  # the start publication is not part of the run
         started = time.perf_counter()
         try:
-            while not service.stop_event.is_set():
+            while not service.stops.event.is_set():
                 service.step()
                 if service.caught_up():
                     break

@@ -6,26 +6,28 @@ changes and the next offsets -> apply to the in-memory engines -> publish the
 scores and meta once that EXEC succeeded (see :mod:`consumer.score_publisher`)
 -> commit offsets to Kafka (for lag tools only) -> status heartbeat.
 
-Concurrency: the graph transaction runs on a writer thread while a ranker thread
-applies the same batch to the engines (compiled kernels, GIL released) and, while
-catching up, the main thread polls and decodes the next one. The ranker thread then
-refreshes the engines while the main thread decodes (catching up: up to four batches
-ahead) and plans the next one before that transaction and that refresh have finished:
-planning only reads the graph and interns, and a refresh keeps to the pages that
-existed when it started (:class:`ranker.refresh.Refresh`). The refresh is collected,
-and a publication started if due, before the engines take the next batch;
-publications run on a second writer thread (:mod:`consumer.publishing`) and are
-coalesced (batches that finish while one is being written join the next). A
-publication only ever covers batches whose transaction committed. While catching
-up, batches are only absorbed by the engines until a publication can start, and one
-refresh then covers them (:meth:`consumer.pacing.Pacing.refresh_due`); the refresh after
-a batch is capped at ``batch_max_sweeps`` sweeps' worth of work, idle and final
-refreshes are not. Once caught up, the next poll waits until shortly before the
-refresh should end (:meth:`consumer.pacing.Pacing.poll_delay`): each batch then
-holds what arrived until the engines can take it. Status heartbeats have a thread.
+Concurrency: the graph transaction runs on a writer thread
+(:mod:`consumer.graph_commits`) while a ranker thread applies the same batch to the
+engines (compiled kernels, GIL released) and, while catching up, the main thread
+polls and decodes the next one. The ranker thread then refreshes the engines while
+the main thread decodes (catching up: up to four batches ahead) and plans the next
+one before that transaction and that refresh have finished: planning only reads the
+graph and interns, and a refresh keeps to the pages that existed when it started
+(:class:`ranker.refresh.Refresh`). The refresh is collected, and a publication
+started if due, before the engines take the next batch; publications run on a second
+writer thread (:mod:`consumer.publishing`) and are coalesced (batches that finish
+while one is being written join the next). A publication only ever covers batches
+whose transaction committed. While catching up, batches are only absorbed by the
+engines until a publication can start, and one refresh then covers them
+(:meth:`consumer.pacing.Pacing.refresh_due`); the refresh after a batch is capped at
+``batch_max_sweeps`` sweeps' worth of work, idle and final refreshes are not. Once
+caught up, the next poll waits until shortly before the refresh should end
+(:meth:`consumer.pacing.Pacing.poll_delay`): each batch then holds what arrived
+until the engines can take it. Status heartbeats have a thread.
 
 Failure handling (retries with backoff, lease recovery): :mod:`consumer.recovery`.
-SIGTERM/SIGINT: the current batch is finished and published, then a clean exit (0).
+Stopping (SIGTERM/SIGINT finish and publish the current batch, then exit 0):
+:mod:`consumer.stopping`.
 """
 
 from __future__ import annotations
@@ -33,20 +35,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import signal
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from types import FrameType
+from concurrent.futures import ThreadPoolExecutor
 
 from consumer.cpython_tuning import tune_garbage_collector, tune_gil_switching
 from consumer.dead_letters import DeadLetterSender
-from consumer.graph_write import commit_graph
+from consumer.graph_commits import GraphCommits
 from consumer.jsonlog import safe_address
 from consumer.kafka_source import KafkaSource
 from consumer.keys import Keys
 from consumer.lock import ConsumerLock
-from consumer.mirror import Mirror, PlannedBatch
+from consumer.mirror import Mirror
 from consumer.options import ConsumeOptions
 from consumer.pacing import Pacing
 from consumer.prefetch import Fetched, Prefetcher
@@ -63,6 +63,7 @@ from consumer.score_publisher import ScorePublisher
 from consumer.snapshot import leave_snapshot, snapshot_path
 from consumer.stats import ConsumerStats, catching_up, lag_by_partition
 from consumer.status_writer import StatusWriter
+from consumer.stopping import CAUGHT_UP, StopRequests
 from ranker import set_kernel_threads
 from rankstream.services.stack import ensure_settings_topics
 from rankstream.settings import Settings
@@ -83,14 +84,13 @@ class ConsumerService:
         self.keys = Keys(settings.key_prefix)
         self.limits = Limits.from_settings(settings)
         self.stats = ConsumerStats()
-        self.stop_event = threading.Event()
-        self.stop_reason = ""
         self.redis = connect_redis(settings, client_name="rankstream-consumer")
         self.lock = ConsumerLock(self.redis, self.keys.lock, ttl_ms=self.options.lock_ttl_ms)
         backoff = Backoff(self.options.backoff_initial_s, self.options.backoff_max_s)
         self.recovery = Recovery(self.redis, self.lock, self.keys, settings.topic, self.stats,
                                  backoff, stop_grace_s=self.options.stop_grace_s,
                                  set_state=self._set_state)
+        self.stops = StopRequests(self.recovery)
         self.publisher = ScorePublisher(self.redis, self.keys, damping=settings.damping,
                                         tolerance=settings.tolerance,
                                         publish_threshold=settings.publish_threshold,
@@ -98,12 +98,12 @@ class ConsumerService:
                                         scripts=self.options.bulk_writes,
                                         max_updates=settings.publish_max_updates or None)
         # Publications run on a thread of their own and are coalesced (see process).
-        self.publications = Publications(self.publisher, self.stats, self.recovery.fenced,
-                                         self.lock,
-                                         min_interval_s=self.options.min_publish_interval_s)
+        self.publications = Publications(
+            self.publisher, self.stats, self.recovery.fenced, self.lock,
+            min_interval_s=self.options.min_publish_interval_s)
         self.pacing = Pacing(self.publications, self.stats, tolerance=settings.tolerance,
                              batch_max_sweeps=settings.batch_max_sweeps,
-                             stop_event=self.stop_event)
+                             stop_event=self.stops.event)
         self.mirror: Mirror | None = None
         self.snapshot = snapshot_path(settings)  # left by a clean stop, read at start
         self.source: KafkaSource | None = None
@@ -114,10 +114,8 @@ class ConsumerService:
         # (a retry's "waiting") shows the lag as last measured there.
         self._loop_thread = threading.get_ident()
         self._lock_tried = False
-        self._stop_asked = ""  # the reason of a stop requested other than by catching up
-        # Graph transactions run on one writer thread (in order) while the main thread
-        # decodes the next batch.
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="graph-writer")
+        self.commits = GraphCommits(self.redis, self.keys, self.lock, self.recovery,
+                                    self.stats, bulk=self.options.bulk_writes)
         self.status = StatusWriter(self.redis, self.keys.status, self.lock,
                                    interval_s=self.options.status_interval_s)
         # The engines' kernels release the GIL, so a batch is ranked on this thread
@@ -129,56 +127,18 @@ class ConsumerService:
         self.batches = Prefetcher(self._source, self.limits,
                                   batch_max_events=settings.batch_max_events,
                                   poll_timeout_ms=settings.poll_timeout_ms, backoff=backoff,
-                                  stop_event=self.stop_event)
-        # The transaction of the last batch the engines absorbed, while it may still run,
-        # and the offsets it commits (Kafka's group gets them once it did: lag tools).
-        self._uncommitted: Future[None] | None = None
-        self._uncommitted_offsets: dict[int, int] = {}
-        self._uncommitted_counts = (0, 0)  # (messages, link changes) of that batch
+                                  stop_event=self.stops.event)
         # The refresh after the last batch, while it may still run (see process).
         self.refreshes = Refreshes(self._ranker, self.pacing, self.publications,
                                    self._mirror)
         self._lagging = False  # a full batch waited beyond the last one: catching up
-
-    # -- signals --------------------------------------------------------------------
-    def request_stop(self, reason: str) -> None:
-        if reason != "caught-up":
-            self._stop_asked = reason  # a signal, the timer or an error: never taken back
-        if not self.stop_event.is_set():
-            self.stop_reason = reason
-            self.recovery.stop_requested_at = time.monotonic()
-            self.stop_event.set()
-
-    def _resume_catching_up(self) -> bool:
-        """After a rebuild in the final drain: if only catching up had stopped the loop
-        and the rebuilt mirror (Redis went back) is short of the targets again, take
-        the stop back and go on consuming (it exited 0 with the events Redis lost
-        unread, a review found). A stop asked for otherwise stands."""
-        if self.stop_reason != "caught-up" or self.caught_up() or self._stop_asked:
-            return False
-        self.stop_event.clear()
-        self.stop_reason = ""
-        self.recovery.stop_requested_at = None
-        if self._stop_asked:  # asked just before the event was cleared: it still wins
-            self.request_stop(self._stop_asked)
-            return False
-        # The drain uncapped the publications; catching up publishes at its pace again.
-        self.publications.capped = True
-        return True
-
-    def install_signal_handlers(self) -> None:
-        def handler(signum: int, _frame: FrameType | None) -> None:
-            self.request_stop(signal.Signals(signum).name)
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
 
     def start(self) -> None:
         """Lease, topics, mirror, Kafka position: everything before the first poll."""
         settings, retry = self.settings, self.recovery.retry
         # --max-seconds bounds the wait for Redis too (it waited 60 s past a 5 s limit).
         wait = min(self.options.startup_wait_s, self.options.max_seconds or math.inf)
-        self.recovery.wait_for_redis(wait, self.stop_event)
+        self.recovery.wait_for_redis(wait, self.stops.event)
         retry("checking the Redis server", lambda: check_redis_fits(self.redis))
         # Before the lease, so a refused start writes nothing (Mirror.load checks again,
         # for the rebuilds after a recovery).
@@ -227,26 +187,16 @@ class ConsumerService:
 
     def run(self) -> int:
         """Start, loop until stopped or caught up, shut down. Returns the exit code."""
-        # A timer, not a check between steps: a consumer blocked in retries (no broker
-        # at start, Redis down mid-run) never got back to the loop, and ran on past
-        # --max-seconds. The stop request bounds every retry by the stop grace.
         self._loop_thread = threading.get_ident()
-        deadline = None
-        # inf (or past what a timer can wait) is no limit, as before the timer.
-        if (self.options.max_seconds is not None
-                and self.options.max_seconds <= threading.TIMEOUT_MAX):
-            deadline = threading.Timer(self.options.max_seconds, self.request_stop,
-                                       ("max-seconds",))
-            deadline.daemon = True
-            deadline.start()
+        deadline = self.stops.deadline(self.options.max_seconds)
         failed = False
         try:
             self.start()
             while True:
-                while not self.stop_event.is_set():
+                while not self.stops.event.is_set():
                     self.step()
                     if self.caught_up():
-                        self.request_stop("caught-up")
+                        self.stops.request(CAUGHT_UP)
                 try:
                     self.drain()
                 except MirrorStale:  # as in step(): rebuild from Redis, then the last one
@@ -261,14 +211,14 @@ class ConsumerService:
             # request their retries never give up, and shutdown waited for them until
             # Redis came back, holding the lease (a review).
             failed = True
-            self.request_stop("error")
+            self.stops.request("error")
             raise
         finally:
             if deadline is not None:
                 deadline.cancel()
             self.shutdown(quiet=failed)
         log.info("consumer stopped", extra={"fields": {
-            "reason": self.stop_reason, "events": self.stats.events,
+            "reason": self.stops.reason, "events": self.stats.events,
             "batches": self.stats.batches}})
         return 0
 
@@ -296,7 +246,7 @@ class ConsumerService:
 
         first = run_every({
             "ranker": lambda: self._ranker.shutdown(wait=True),
-            "graph writer": lambda: self._writer.shutdown(wait=True),
+            "graph writer": self.commits.close,
             "publications": self.publications.close,
             "status": stopped_state,
             "status writer": self.status.close,
@@ -402,7 +352,8 @@ class ConsumerService:
         # The previous batch's transaction ran while this one was planned.
         self._settle_commit()
         t_commit = time.perf_counter()
-        commit = self._writer.submit(self._commit, planned)
+        self.commits.submit(planned, next_offsets=batch.next_offsets,
+                            messages=len(batch.records))
         # The engines absorb the batch while its transaction is in flight (Redis and
         # this process work in parallel); scores are published only once it committed.
         full = self._catching_up(batch)
@@ -410,12 +361,8 @@ class ConsumerService:
         refresh = pacing.refresh_due(
             full, last=pacing.drain_comes_first(self._positions_after(batch.next_offsets)))
         absorbing = self._ranker.submit(mirror.absorb_planned, planned)
-        self._uncommitted, self._lagging = commit, full
+        self._lagging = full
         refreshes.absorbed()
-        self._uncommitted_offsets = batch.next_offsets
-        # Counted once its transaction committed (_settle_commit): a batch whose commit
-        # a rebuild voids is polled and processed again, and was counted twice.
-        self._uncommitted_counts = (len(batch.records), planned.write.link_changes)
         refreshing = None
         try:
             if publication is not None:
@@ -457,11 +404,7 @@ class ConsumerService:
 
     def _settle_commit(self) -> None:
         """Wait for the graph transaction in flight, if any (raises what it raised)."""
-        commit, self._uncommitted = self._uncommitted, None
-        if commit is not None:
-            commit.result()
-            self.stats.record_batch(*self._uncommitted_counts)
-            self._source().commit_for_monitoring(self._uncommitted_offsets)
+        self.commits.settle(self._source().commit_for_monitoring)
 
     def _positions_after(self, next_offsets: dict[int, int]) -> dict[int, int]:
         """Next offset per partition once a batch ending at ``next_offsets`` is applied."""
@@ -480,34 +423,33 @@ class ConsumerService:
         self.refreshes.now()
         self.publications.capped = False
         self._flush_publications()
-        if self.stop_reason == "caught-up":
+        if self.stops.reason == CAUGHT_UP:
             for _ in range(MAX_IDLE_REFRESHES):
                 if not self.refreshes.refresh_if_stale(self.stats.fresh, self._publish_now):
                     break
                 self._flush_publications()
+
+    def _resume_catching_up(self) -> bool:
+        """After a rebuild in the final drain: go on consuming if only catching up had
+        stopped the loop and the rebuilt mirror is short of the targets again."""
+        if not self.stops.withdraw_caught_up(lambda: not self.caught_up()):
+            return False
+        # The drain uncapped the publications; catching up publishes at its pace again.
+        self.publications.capped = True
+        return True
 
     def _maybe_publish(self, *, force: bool = False) -> None:
         """Start a publication if one is due (see :mod:`consumer.publishing`); never
         while the engines hold batches their pending reports do not cover."""
         self.publications.start(self._mirror(), lagging=self._lagging, force=force,
                                 blocked=self.refreshes.blocking,
-                                after=self._uncommitted)
+                                after=self.commits.in_flight)
 
     def _publish_now(self) -> None:
         self._maybe_publish(force=True)  # does not wait: stats.fresh updates when it lands
 
     def _flush_publications(self) -> None:
-        self.publications.flush(self._mirror(), after=self._uncommitted)
-
-    def _commit(self, planned: PlannedBatch) -> None:
-        bulk = self.options.bulk_writes
-        recovery = self.recovery
-        after = recovery.committed[0]
-        recovery.fenced("committing the graph", lambda: commit_graph(
-            self.redis, self.keys, planned.write, fence=self.lock, bulk=bulk, after=after))
-        # Runs on the single writer thread, in batch order.
-        recovery.committed = (planned.write.counters,
-                              {**recovery.committed[1], **planned.write.offsets})
+        self.publications.flush(self._mirror(), after=self.commits.in_flight)
 
     def _rebuild(self) -> None:
         settle_void({"refresh": self.refreshes.collect,
@@ -554,5 +496,5 @@ def run_consumer(settings: Settings, options: ConsumeOptions | None = None, *,
     """Build and run a consumer; errors are RankstreamError subclasses."""
     service = ConsumerService(settings, options)
     if handle_signals:
-        service.install_signal_handlers()
+        service.stops.install_signal_handlers()
     return service.run()

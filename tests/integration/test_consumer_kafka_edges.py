@@ -32,7 +32,7 @@ def test_events_deleted_before_they_were_read_are_counted_and_do_not_block_catch
     delete_records_before(settings, 20)
     with caplog.at_level("WARNING", logger="rankstream.consumer.kafka"):
         service = consume(settings, max_seconds=60.0)
-    assert service.stop_reason == "caught-up"
+    assert service.stops.reason == "caught-up"
     lost = [r for r in caplog.records
             if r.getMessage() == "events deleted before they were consumed"]
     assert [r.fields["lost"] for r in lost] == [15]  # type: ignore[attr-defined]
@@ -100,7 +100,7 @@ def test_a_transactional_producers_aborted_events_are_not_applied(one_partition,
         producer.close()
     with caplog.at_level("WARNING", logger="rankstream.consumer.kafka"):
         service = consume(settings, max_seconds=60.0)
-    assert service.stop_reason == "caught-up"
+    assert service.stops.reason == "caught-up"
     edges, _ = url_edges(connect_redis(settings), settings)
     assert edges == groups[0] | groups[2]
     assert not [r for r in caplog.records
@@ -173,7 +173,7 @@ def test_a_recreated_topic_is_read_from_its_start(one_partition, caplog):
     publish(settings, new)
     with caplog.at_level("ERROR", logger="rankstream.consumer.kafka"):
         service = consume(settings, max_seconds=60.0)
-    assert service.stop_reason == "caught-up"
+    assert service.stops.reason == "caught-up"
     assert any(r.getMessage().startswith("stored offset past the log end") for r in caplog.records)
     edges, _ = url_edges(connect_redis(settings), settings)
     assert {(p["url"], p["links"][0]) for p in new} <= edges

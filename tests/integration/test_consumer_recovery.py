@@ -152,7 +152,7 @@ def test_an_idle_consumer_finds_a_redis_that_went_back_and_reads_kafka_again(iso
         client.delete(*names)  # at once, as a restart from a backup would
         while version() < len(events) and time.monotonic() < deadline:
             time.sleep(0.05)
-        service.request_stop("test")
+        service.stops.request("test")
         thread.join(timeout=30)
     assert url_edges(client, settings) == want
     assert version() == len(events)

@@ -83,7 +83,7 @@ def test_max_seconds_stops_a_consumer_blocked_in_retries_at_start(monkeypatch):
     started = time.monotonic()
     with pytest.raises(ServiceUnavailable, match="gave up creating topics"):
         service.run()
-    assert service.stop_reason == "max-seconds" and time.monotonic() - started < 5
+    assert service.stops.reason == "max-seconds" and time.monotonic() - started < 5
 
 
 def test_a_dropped_connection_while_checking_for_foreign_writes_is_retried():
@@ -302,7 +302,7 @@ def test_shutdown_runs_every_step_whatever_one_raises(monkeypatch):
     with pytest.raises(RuntimeError):
         service.run()
     # The stop request bounds the worker threads' retries by the stop grace.
-    assert service.stop_event.is_set() and service.recovery.stop_requested_at is not None
+    assert service.stops.event.is_set() and service.recovery.stop_requested_at is not None
     assert done[-1] == "shutdown quiet=True"
 
 
@@ -381,32 +381,32 @@ def test_a_catching_up_stop_is_taken_back_when_a_rebuild_falls_short(monkeypatch
     service = ConsumerService(Settings(), ConsumeOptions(until_caught_up=True))
     short = [True]
     service.caught_up = lambda next_offsets=None: not short[0]  # type: ignore[method-assign]
-    service.request_stop("caught-up")
+    service.stops.request("caught-up")
     assert service._resume_catching_up()
-    assert not service.stop_event.is_set() and service.recovery.stop_requested_at is None
-    service.request_stop("caught-up")
+    assert not service.stops.event.is_set() and service.recovery.stop_requested_at is None
+    service.stops.request("caught-up")
     short[0] = False
     assert not service._resume_catching_up()  # caught up after all: drain and exit
     short[0] = True
-    service.request_stop("SIGTERM")
-    assert not service._resume_catching_up() and service.stop_event.is_set()
+    service.stops.request("SIGTERM")
+    assert not service._resume_catching_up() and service.stops.event.is_set()
 
     # A signal while it asks Kafka whether it caught up: the stop stands (a review:
     # the event was cleared and the reason wiped).
     service = ConsumerService(Settings(), ConsumeOptions(until_caught_up=True))
 
     def asked_meanwhile(next_offsets=None):
-        service.request_stop("SIGTERM")
+        service.stops.request("SIGTERM")
         return False
 
     service.caught_up = asked_meanwhile  # type: ignore[method-assign]
-    service.request_stop("caught-up")
+    service.stops.request("caught-up")
     assert not service._resume_catching_up()
-    assert service.stop_event.is_set() and service.recovery.stop_requested_at is not None
+    assert service.stops.event.is_set() and service.recovery.stop_requested_at is not None
 
     # Resumed: publications are capped again (the drain had uncapped them).
     service = ConsumerService(Settings(), ConsumeOptions(until_caught_up=True))
     service.caught_up = lambda next_offsets=None: False  # type: ignore[method-assign]
-    service.request_stop("caught-up")
+    service.stops.request("caught-up")
     service.publications.capped = False
     assert service._resume_catching_up() and service.publications.capped
