@@ -27,11 +27,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, NoReturn
 
 from pydantic import (
@@ -50,6 +47,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from producer.strict_json import HugeInteger, parse_strict_json
+from producer.timestamps import BadTimestamp, epoch_millis
 from producer.urls import UrlError, _canonicalize_cached, already_canonical_lines_matcher
 from rankstream.errors import InputError
 from rankstream.input_files import numbered_lines
@@ -75,14 +73,6 @@ __all__ = [
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({1})
 _SUPPORTED_TEXT = ", ".join(str(v) for v in sorted(SUPPORTED_VERSIONS))
-# Year 9999 in epoch ms: anything larger is a unit mistake (microseconds), not a date.
-_MAX_TS_MS = 253_402_300_799_999
-MAX_TS_LEAD_MS = 86_400_000  # how far ahead of the decoder's clock a ts may be
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_ONE_MS = timedelta(milliseconds=1)
-# What RFC 3339 allows and Python 3.11's fromisoformat refuses (_iso_moment).
-_LEAP_SECOND = re.compile(r"(?<=[T ]\d\d:\d\d:)60(?=$|[.,Z+-])")
-_END_OF_DAY = re.compile(r"(?<=[T ])24:00(?::00(?:[.,]0+)?)?(?=$|[Z+-])")
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,52 +170,14 @@ def _checked_text(value: str, where: str) -> str:
 def _parse_ts(value: object) -> int | None:
     if value is None:
         return None
-    if type(value) is int:
-        if not 0 <= value <= _MAX_TS_MS:
-            _fail("bad ts", f"{value} out of range (epoch milliseconds expected)")
-        return _not_ahead(value, str(value))
-    if type(value) is str:
+    if type(value) is int or type(value) is str:
         try:
-            moment = _iso_moment(value)
-        except ValueError:
-            _fail("bad ts", f"not ISO 8601: {value[:40]!r}")
-        except OverflowError:  # 9999-12-31T24:00:00Z is the year 10000
-            _fail("bad ts", f"{value[:40]!r} out of range (1970 to 9999 UTC)")
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=UTC)
-        millis = (moment - _EPOCH) // _ONE_MS
-        if not 0 <= millis <= _MAX_TS_MS:
-            _fail("bad ts", f"{value[:40]!r} out of range (1970 to 9999 UTC)")
-        return _not_ahead(millis, repr(value[:40]))
+            return epoch_millis(value)
+        except BadTimestamp as exc:
+            _fail("bad ts", str(exc))
     if type(value) is HugeInteger:
         _fail("bad ts", "integer out of range (epoch milliseconds expected)")
     _fail("bad ts", f"expected epoch ms (int) or ISO 8601 string, got {_json_type(value)}")
-
-
-def _iso_moment(text: str) -> datetime:
-    """``datetime.fromisoformat``, plus what RFC 3339 allows and Python 3.11's parser
-    refuses: a lower-case ``t`` or ``z``, a leap second (``23:59:60``, read as POSIX
-    time reads it: the next second) and ``24:00:00``, the end of a day."""
-    try:  # the common forms at fromisoformat's own speed (the rewrites cost 10x)
-        return datetime.fromisoformat(text)
-    except ValueError:
-        pass
-    text = text.upper()
-    later = timedelta(0)
-    if (leap := _LEAP_SECOND.search(text)) is not None:
-        text, later = f"{text[:leap.start()]}59{text[leap.end():]}", timedelta(seconds=1)
-    elif (end := _END_OF_DAY.search(text)) is not None:
-        text, later = f"{text[:end.start()]}23:59:59{text[end.end():]}", timedelta(seconds=1)
-    return datetime.fromisoformat(text) + later
-
-
-def _not_ahead(millis: int, shown: str) -> int:
-    # A page event from the future would make every later crawl of its URL "older"
-    # and ignored until that date (a year-7000 ts froze the URL for good). Crawler
-    # clocks may drift, so a day of lead is allowed.
-    if millis > time.time() * 1000 + MAX_TS_LEAD_MS:
-        _fail("bad ts", f"{shown} is in the future (more than a day ahead of this clock)")
-    return millis
 
 
 def _shown(value: object, limit: int = 40) -> str:
