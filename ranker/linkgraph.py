@@ -33,16 +33,18 @@ from ranker.edge_batches import (
     sorted_unique,
     split_pair_keys,
 )
-from ranker.graph_memory import ROW_SPARE_SHIFT, compaction_due, grown_pool, key_table_bytes
+from ranker.graph_memory import (
+    ROW_SPARE_SHIFT,
+    compaction_due,
+    grown_pool,
+    key_table_bytes,
+    rows_to_grow,
+)
 from rankstream.errors import InputError
 
 # out_start, out_len, out_nbr, out_twin, in_start, in_len, in_nbr, in_twin
 Adjacency = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                   np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-
-
-# A batch with fewer link ends than 1/SORT_BELOW_SHARE of the ids groups them by sorting.
-SORT_BELOW_SHARE = 16
 
 
 class LinkGraph:
@@ -333,24 +335,8 @@ class LinkGraph:
 
     def _rows_to_grow(self, direction: str, ends: np.ndarray
                       ) -> tuple[np.ndarray, np.ndarray, int]:
-        """(rows too small for their new links, their new capacities, capacity freed)."""
-        if 0 < ends.size * SORT_BELOW_SHARE < self.num_ids:
-            # A small batch: sorting its ends beats a pass over every id (1M ids, 1k
-            # links: 0.1 against 3 ms per direction).
-            ordered = np.sort(ends)
-            starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-            rows = ordered[starts]
-            counts = np.diff(np.r_[starts, ordered.size])
-        else:  # bincount, not np.unique: no sort (ids are dense and < num_ids)
-            counts = np.bincount(ends, minlength=0)
-            rows = np.flatnonzero(counts)
-            counts = counts[rows]
-        length = getattr(self, f"{direction}_len")[rows]
-        cap = getattr(self, f"{direction}_cap")[rows]
-        grow = length + counts > cap
-        rows, length, cap, counts = rows[grow], length[grow], cap[grow], counts[grow]
-        new_caps = np.maximum(length + counts, cap + (cap >> 1) + 2).astype(np.int64)
-        return rows.astype(np.int32), new_caps, int(cap.sum())
+        return rows_to_grow(ends, getattr(self, f"{direction}_len"),
+                            getattr(self, f"{direction}_cap"), self.num_ids)
 
     def _pool_end(self, direction: str) -> int:
         return self._out_used if direction == "out" else self._in_used

@@ -227,9 +227,9 @@ def test_small_and_large_batches_group_their_rows_alike(sort_below: int,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     # Rows that must grow are found by sorting a small batch's ends, by counting over
     # every id for a large one; forcing either path gives the same graph.
-    import ranker.linkgraph as linkgraph
+    import ranker.graph_memory as graph_memory
 
-    monkeypatch.setattr(linkgraph, "SORT_BELOW_SHARE", sort_below)
+    monkeypatch.setattr(graph_memory, "SORT_BELOW_SHARE", sort_below)
     rng = np.random.default_rng(4)
     graph = LinkGraph.from_id_edges(rng.integers(0, 400, 2000), rng.integers(0, 400, 2000),
                                     [str(i) for i in range(400)])
