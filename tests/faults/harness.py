@@ -1,9 +1,10 @@
-"""The fault-injection harness: a known event log, its replay, and the final audit.
+"""The fault-injection harness: a known event log's replay, and the final audit.
 
 Every scenario follows the same shape:
 
-1. build a known log (:func:`build_log`): seeded synthetic events plus odd URLs,
-   re-delivered (duplicate) and stale ``page`` events, and invalid messages;
+1. build a known log (:func:`tests.faults.known_log.build_log`): seeded synthetic
+   events plus odd URLs, re-delivered (duplicate) and stale ``page`` events, and
+   invalid messages;
 2. replay it into Kafka (:class:`Replayer`, optionally at a fixed rate, in the
    background) while the scenario injects its fault;
 3. let a consumer catch up, then :func:`audit` Redis against the graph the log
@@ -17,8 +18,6 @@ Every scenario follows the same shape:
 
 from __future__ import annotations
 
-import json
-import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,8 +30,7 @@ from consumer import readers
 from consumer.keys import ALGORITHMS, Keys
 from consumer.redis_store import load_stored
 from producer.client import LinkPublisher
-from producer.schema import Limits, decode_event, event_key
-from producer.synthetic import synthetic_event_dicts
+from producer.schema import Limits, decode_event
 from ranker.bounds import static_tolerance
 from ranker.linkgraph import LinkGraph
 from ranker.pagerank import pagerank
@@ -41,85 +39,7 @@ from rankstream.errors import InputError
 from rankstream.graph_updates import EventApplier
 from rankstream.services import kafka_client_options
 from rankstream.settings import Settings
-
-# -- the known log ---------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Message:
-    """One Kafka message of the log: the exact bytes, keyed like the producer keys them."""
-
-    value: bytes
-    key: bytes
-
-
-ODD_URLS = (
-    "https://bücher.example/straße/ü?q=ä ö",
-    "https://pct.example/a%2Fb/%20x?y=%3D&z=%E2%82%AC",
-    "https://space.example/with space/and 'quotes' \"too\"",
-    "https://emoji.example/🙂/?",
-    "http://[::1]:8080/ipv6/path;params",
-    "file:///home/user/docs/index.html",
-    "https://long.example/search?" + "&".join(f"k{i}=v%20{i}" for i in range(600)),
-)
-
-BAD_MESSAGES = (
-    b'{"type": "page", "url": ',
-    b'{"type": "page", "url": "https://x.example/\xff", "links": []}',
-    json.dumps({"type": "page", "url": "https://x.example/", "links": 5}).encode(),
-    json.dumps({"type": "page", "links": []}).encode(),
-    json.dumps({"type": "crawl", "url": "https://x.example/"}).encode(),
-    json.dumps({"type": "link_added", "src": "ftp://x.example/", "dst": "https://y/"}).encode(),
-    json.dumps({"type": "page", "url": "relative/path", "links": []}).encode(),
-    json.dumps([1, 2, 3]).encode(),
-    b"NaN",
-)
-
-
-def encode(event: dict[str, Any]) -> Message:
-    raw = json.dumps(event, ensure_ascii=False).encode()
-    return Message(raw, event_key(decode_event(raw)))
-
-
-def build_log(count: int, *, seed: int, removals: bool = False, duplicates: float = 0.03,
-              stale: float = 0.02, invalid: float = 0.01, odd_urls: bool = True) -> list[Message]:
-    """A seeded log of about ``count`` messages.
-
-    ``removals=False`` leaves out ``page_removed``: only removals make the final
-    graph depend on how a multi-partition topic interleaves its partitions.
-    ``duplicates`` re-sends an earlier event unchanged, ``stale`` re-sends an
-    earlier ``page`` event with a ts older than the page's newest one, ``invalid``
-    inserts a message that must land in the DLQ (fractions of ``count``).
-    """
-    pick = random.Random(seed)
-    events = [e for e in synthetic_event_dicts(count, seed=seed, edit_fraction=0.3)
-              if removals or e["type"] != "page_removed"]
-    if odd_urls:
-        base_ts = events[-1]["ts"] if events else 0
-        for i, url in enumerate(ODD_URLS):
-            others = [u for u in ODD_URLS if u != url][: 3 + i % 3]
-            target = events[pick.randrange(len(events))]
-            hub = target.get("url") or target.get("src")
-            spot = pick.randrange(len(events) + 1)
-            events.insert(spot, {"type": "page", "url": url, "links": [*others, hub],
-                                 "title": f"odd {i}", "ts": base_ts + i})
-    out: list[Message] = []
-    pages_seen: list[dict[str, Any]] = []
-    for event in events:
-        out.append(encode(event))
-        if event["type"] == "page":
-            pages_seen.append(event)
-        roll = pick.random()
-        if roll < duplicates and out:
-            out.append(out[pick.randrange(len(out))])  # a re-delivery, byte for byte
-        elif roll < duplicates + stale and pages_seen:
-            old = dict(pages_seen[pick.randrange(len(pages_seen))])
-            old["ts"] = int(old.get("ts", 1)) - 1 - pick.randrange(1000)
-            old["links"] = [*list(old["links"])[:2], "https://stale.example/never"]
-            out.append(encode(old))
-        elif roll < duplicates + stale + invalid:
-            out.append(Message(BAD_MESSAGES[pick.randrange(len(BAD_MESSAGES))], b"bad"))
-    return out
-
+from tests.faults.known_log import Message
 
 # -- replay --------------------------------------------------------------------------
 

@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 
 from rankstream.services import RedisServer, freeze_redis, thaw_redis
-from tests.faults.harness import Probe, Replayer, audit, build_log
+from tests.faults.harness import Probe, Replayer, audit
+from tests.faults.known_log import build_log
 from tests.faults.monitor import RedisMonitor
 from tests.faults.stack import FaultStack, consumers, wait_for
 from tests.faults.summary import record

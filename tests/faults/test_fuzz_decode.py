@@ -32,7 +32,8 @@ from hypothesis import strategies as st
 
 from producer.schema import Limits, PageEvent, decode_event, encode_event
 from rankstream.errors import InputError
-from tests.faults.harness import Message, audit, build_log, replay
+from tests.faults.harness import audit, replay
+from tests.faults.known_log import Message, build_log
 from tests.faults.stack import FaultStack, consumers
 from tests.faults.summary import record
 

@@ -25,7 +25,8 @@ import uvicorn
 
 from consumer.http_api import create_app, server_config
 from consumer.keys import Keys
-from tests.faults.harness import ODD_URLS, Message, audit, encode, read_dead_letters, replay
+from tests.faults.harness import audit, read_dead_letters, replay
+from tests.faults.known_log import ODD_URLS, Message, encode
 from tests.faults.stack import FaultStack, consumers
 from tests.faults.summary import record
 

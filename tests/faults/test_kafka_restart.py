@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rankstream.services import kafka_pid, kill_kafka, restart_kafka, start_kafka
-from tests.faults.harness import Probe, Replayer, audit, build_log
+from tests.faults.harness import Probe, Replayer, audit
+from tests.faults.known_log import build_log
 from tests.faults.stack import FaultStack, consumers, wait_for
 from tests.faults.summary import record
 

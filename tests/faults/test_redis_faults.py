@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from rankstream.services import frozen_redis, kill_redis, redis_pid, start_redis, stop_redis
-from tests.faults.harness import Probe, Replayer, audit, build_log
+from tests.faults.harness import Probe, Replayer, audit
+from tests.faults.known_log import build_log
 from tests.faults.stack import ConsumerProcess, FaultStack, consumers, wait_for
 from tests.faults.summary import record
 

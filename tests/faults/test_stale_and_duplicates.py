@@ -20,7 +20,8 @@ from typing import Any
 
 from consumer.keys import ALGORITHMS, Keys
 from consumer.readers import meta
-from tests.faults.harness import Probe, audit, encode, replay, stored_graph
+from tests.faults.harness import Probe, audit, replay, stored_graph
+from tests.faults.known_log import encode
 from tests.faults.stack import FaultStack, consumers, wait_for
 from tests.faults.summary import record
 from tests.reference_algorithms import reference_pagerank, reference_weighted_pagerank

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from consumer.lock import ConsumerLock
-from tests.faults.harness import Probe, Replayer, audit, build_log
+from tests.faults.harness import Probe, Replayer, audit
+from tests.faults.known_log import build_log
 from tests.faults.stack import FaultStack, consumers, wait_for
 from tests.faults.summary import record
 

@@ -31,7 +31,8 @@ from consumer.keys import Keys
 from rankstream.services import AclUser, auth_redis, env_lines, start_redis, stop_redis
 from rankstream.services.testing import Isolated
 from rankstream.settings import Settings
-from tests.faults.harness import audit, build_log, replay
+from tests.faults.harness import audit, replay
+from tests.faults.known_log import build_log
 from tests.faults.stack import free_port, settings_env
 
 PASSWORD = "s3cret-" + uuid.uuid4().hex  # unique: grep-able in any output
