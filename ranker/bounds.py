@@ -10,8 +10,8 @@ Pure functions of a few floats: the engines call them, tests check them on their
 Tolerance semantics of the incremental engines (:mod:`ranker.residual`), decided
 here. ``tolerance`` is RELATIVE: a refresh is fresh when ``||r||_1 / (1-d) <=
 tolerance * sum(y)``, i.e. when the certified L1 error of the probability-scale
-vector ``x = y / sum(y)`` is at most about ``tolerance`` (at most
-``2 * tolerance / (1 - tolerance)``, see :func:`probability_bound`).
+vector ``x = y / sum(y)`` is at most about ``tolerance`` (at most ``2 * tolerance``,
+see :func:`probability_bound`).
 An absolute L1 tolerance would have to grow with the graph: ``sum(y)`` is of the
 order of the page count, so a fixed absolute figure means a near-exact global solve
 per batch on a large graph and a sloppy one on a small graph. The relative figure
@@ -96,13 +96,17 @@ def rounding_drift(damping: float, y_mass: float) -> float:
 def probability_bound(paper_bound: float, total: float) -> float:
     """Certified ``||x_exact - x||_1`` for ``x = y / sum(y)`` from the paper-scale bound.
 
-    With ``e = y_exact - y``: ``x_exact - x = (S*e - y*sum(e)) / (S * S_exact)``, so
-    ``||x_exact - x||_1 <= 2*||e||_1 / S_exact <= 2*B / (S - B)``; two probability
-    vectors never differ by more than 2 in L1.
+    With ``S = sum(y)`` and ``S_exact = sum(y_exact)``, split ``x_exact - x`` as
+    ``(y_exact - y) / S + y_exact * (1/S_exact - 1/S)``: the first part is at most
+    ``B / S`` in L1, the second ``|S - S_exact| / S <= B / S``, so the bound is
+    ``2*B / S`` (the same figure readers print: twice the relative bound). It was
+    ``2*B / (S - B)`` until session 31, from dividing by ``S_exact >= S - B`` instead:
+    valid, looser, and undefined once ``B >= S``. Two probability vectors never
+    differ by more than 2 in L1.
     """
-    if total <= paper_bound:
+    if total <= 0.0:
         return 2.0
-    return min(2.0, 2.0 * paper_bound / (total - paper_bound))
+    return min(2.0, 2.0 * paper_bound / total)
 
 
 def max_abs_bound(peak: float, y_max: float, damping: float, unseen: float = 0.0) -> float:

@@ -79,9 +79,27 @@ def test_push_thresholds_reach_the_targets_they_promise(tolerance, total, y_max,
         assert max_abs_bound(eps, y_max, DAMPING, unseen) <= max_error * (1 + 1e-9)
 
 
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 10_000), size=st.integers(1, 40),
+       spread=st.sampled_from([1e-9, 1e-3, 1.0, 1e3]))
+def test_the_probability_bound_holds_for_any_two_vectors(seed, size, spread):
+    # probability_bound only uses ||y_exact - y||_1 <= B: check it on arbitrary
+    # non-negative pairs, lopsided ones included (one part of y far off).
+    rng = np.random.default_rng(seed)
+    exact = rng.random(size) * rng.choice([1.0, 1e-6], size)
+    y = np.maximum(exact + spread * rng.standard_normal(size) * rng.random(size), 0.0)
+    if y.sum() == 0.0 or exact.sum() == 0.0:
+        return
+    bound = np.abs(exact - y).sum()
+    x_error = np.abs(exact / exact.sum() - y / y.sum()).sum()
+    assert x_error <= probability_bound(bound, y.sum()) * (1 + 1e-12) + 1e-15
+
+
 def test_bounds_at_their_edges():
     assert probability_bound(5.0, 4.0) == 2.0  # the bound exceeds the total: nothing known
     assert probability_bound(0.0, 4.0) == 0.0
+    assert probability_bound(1.0, 4.0) == 0.5  # 2B/S, not the looser 2B/(S-B) = 2/3
+    assert probability_bound(1.0, 0.0) == 2.0  # an empty graph's total
     assert max_abs_bound(1.0 - DAMPING, 1.0, DAMPING) == np.inf
     assert max_abs_bound(0.0, 3.0, DAMPING) == 0.0
     # Unseen rounding is amplified like the rest (y_exact may exceed y_max by E).
