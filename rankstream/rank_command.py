@@ -4,6 +4,13 @@ No services are involved. PageRank and WPR go through the same incremental engin
 the consumer uses (events are absorbed in batches of ``--batch-size``), so this
 command doubles as the reference the streaming pipeline is tested against;
 ``--verify`` cross-checks the result against a cold solve.
+
+``--teleport FILE`` ranks topic-sensitive PageRank (Haveliwala): random jumps land on
+the pages listed, in proportion to their weights, instead of on every page alike.
+The incremental engine teleports uniformly (as the consumer does), so those scores
+come from a cold solve of the graph after any events, to the same relative
+tolerance; a page listed but not in the graph is named in a warning and gets no
+weight.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from rankstream.edgelist import read_edges
+from rankstream.edgelist import read_edges, read_teleport
 from rankstream.errors import ConvergenceError, InputError, RankstreamError
 from rankstream.input_files import input_path, same_input
 from rankstream.settings import Settings
@@ -53,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "iteration's limit, or the fallback's relative residual (default 1e-12)",
     )
     parser.add_argument("--scale", default="paper", help="paper | probability (PageRank)")
+    parser.add_argument(
+        "--teleport", type=input_path,
+        help="PageRank only: topic-sensitive PageRank, random jumps land on the pages "
+        "of FILE ('key' or 'key<TAB>weight' lines, weight 1 by default) in proportion to "
+        "their weights; ranked by a cold solve after any events")
     parser.add_argument("--top", type=int, default=None, help="print only the first K rows")
     parser.add_argument(
         "--verify", action="store_true",
@@ -68,6 +80,8 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError(f"unknown scale {args.scale!r}; choose paper or probability")
     if args.scale == "probability" and args.algorithm != "pagerank":
         raise InputError("--scale probability applies to PageRank only")
+    if args.teleport is not None and args.algorithm != "pagerank":
+        raise InputError("--teleport applies to PageRank only")
     if args.edges is None and args.events is None:
         raise InputError("give --edges FILE, --events FILE, or both")
     if not 1 <= args.batch_size <= MAX_BATCH_SIZE:
@@ -76,6 +90,10 @@ def _check(args: argparse.Namespace) -> None:
                                                                           args.events):
         # Whichever is read first would take the whole stream, and the other nothing.
         raise InputError("--edges and --events name the same input")
+    if args.teleport is not None and any(
+            other is not None and same_input(args.teleport, other)
+            for other in (args.edges, args.events)):
+        raise InputError("--teleport names the same input as --edges or --events")
     if args.top is not None and args.top < 1:
         raise InputError("--top must be at least 1")
     if args.tolerance is not None and not 0.0 < args.tolerance < 1.0:
@@ -134,6 +152,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             _print_hits(graph, result.hubs, result.authorities, alive, args.top)
         return 0
 
+    if args.teleport is not None:
+        for batch in _edge_batches(graph, crawled, args, limits, tally):
+            graph.apply(batch)
+        _report_events(args, tally)
+        return _rank_with_teleport(graph, args, damping=damping, tolerance=tolerance,
+                                   max_iter=settings.max_iter)
+
     ranks = LiveRanks(
         graph,
         algorithms=(args.algorithm,),
@@ -191,10 +216,58 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _rank_with_teleport(graph: LinkGraph, args: argparse.Namespace, *, damping: float,
+                        tolerance: float, max_iter: int) -> int:
+    """Topic-sensitive PageRank of ``graph`` by a cold solve (see the module's doc)."""
+    from ranker import pagerank
+    from ranker.bounds import static_tolerance
+
+    alive = graph.live_mask()
+    teleport = np.zeros(graph.num_ids)
+    missing: list[tuple[int, str]] = []
+    for key, (weight, line_no) in read_teleport(args.teleport).items():
+        page = graph.id_of(key)
+        if page is None or not alive[page]:
+            missing.append((line_no, key))
+        else:
+            teleport[page] = weight
+    absent = ""
+    if missing:
+        line_no, key = missing[0]
+        absent = (f"{len(missing)} page(s) listed are not in the graph and get no weight "
+                  f"(the first: {key[:80]!r}, line {line_no})")
+    if not teleport.any():
+        raise InputError("no page of the graph has a positive weight"
+                         + (f"; {absent}" if absent else ""), where=str(args.teleport))
+    if absent:
+        sys.stderr.write(f"teleport: {absent}\n")
+    # sum(y) >= sum(b) = (1 - d) * live pages, so this absolute bound is within the
+    # relative tolerance; the default tolerance is kept certifiable for the static
+    # solver (its floor is per page, not per unit of sum(y)).
+    live = int(alive.sum())
+    tol = tolerance * (1.0 - damping) * live
+    if args.tolerance is None:
+        tol = max(tol, static_tolerance(live, damping))
+    result = pagerank(graph.to_csr(), damping=damping, tol=tol, teleport=teleport, alive=alive,
+                      max_iter=_cold_sweeps(max_iter, tol, alive, damping))
+    if args.verify:
+        # Said rather than skipped: there is no incremental path to check against.
+        sys.stderr.write("verify: --teleport has no incremental path; the scores are a cold "
+                         f"solve (certified L1 bound {result.bound:.3e}, "
+                         f"{result.bound / result.total:.1e} of sum(y))\n")
+    scores = result.scores
+    if args.scale == "probability" and result.total > 0:
+        scores = scores / result.total
+    with _output_errors():
+        _print_scores(graph, scores, alive, args.top)
+    return 0
+
+
 def _cold_sweeps(max_iter: int, tol: float, alive: np.ndarray, damping: float) -> int:
-    """Sweeps for --verify's cold solve: twice what contracting an error of at most
-    ``2 * sum(y)`` (any start) by ``d`` a sweep takes to reach ``tol``, and at least
-    ``max_iter`` and 10,000. A fixed 10,000 fell short at d = 0.999 (24k needed)."""
+    """Sweeps for a cold solve (--verify's, --teleport's): twice what contracting an
+    error of at most ``2 * sum(y)`` (any start) by ``d`` a sweep takes to reach
+    ``tol``, and at least ``max_iter`` and 10,000. A fixed 10,000 fell short at
+    d = 0.999 (24k needed)."""
     start_error = 2.0 * max(int(alive.sum()), 1)
     needed = math.log(tol / start_error) / math.log(damping)
     return max(max_iter, 10_000, math.ceil(2.0 * needed))

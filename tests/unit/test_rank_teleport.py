@@ -1,0 +1,143 @@
+"""`rankstream rank --teleport`: topic-sensitive PageRank from the command line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from rankstream.cli import main
+from tests.reference_algorithms import random_edges, reference_pagerank
+
+FIG2 = "A\tB\nA\tC\nB\tC\nC\tA\nC\tB\n"
+
+
+def _rows(text: str) -> dict[str, float]:
+    return {key: float(value) for key, value in
+            (line.split("\t") for line in text.splitlines())}
+
+
+def _write_edges(path: Path, edges: list[tuple[int, int]]) -> Path:
+    path.write_text("".join(f"{u}\t{v}\n" for u, v in edges))
+    return path
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_probability_scale_matches_networkx_personalization(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], seed: int) -> None:
+    # networkx sends dangling pages' mass along the personalization too; our paper
+    # scale leaks it, and x = y / sum(y) is the same vector (ranker.pagerank).
+    edges = [(u, v) for u, v in random_edges("scale_free", 40, seed) if u != v]
+    rng = np.random.default_rng(seed)
+    pages = sorted({p for edge in edges for p in edge})
+    chosen = rng.choice(pages, size=5, replace=False)
+    weights = {int(p): float(w) for p, w in zip(chosen, [3.0, 1.0, 0.5, 0.0, 2.0], strict=True)}
+    teleport = tmp_path / "topic.tsv.gz"  # gzip like the edge lists
+    with gzip.open(teleport, "wt") as handle:
+        handle.write("# a topic's seed pages\n\n")
+        handle.writelines(f"{p}\t{w}\n" for p, w in weights.items())
+    path = _write_edges(tmp_path / "g.tsv", edges)
+    assert main(["rank", "--edges", str(path), "--teleport", str(teleport),
+                 "--scale", "probability", "--damping", "0.85"]) == 0
+    rows = _rows(capsys.readouterr().out)
+    graph = nx.DiGraph(edges)
+    personal = {p: weights.get(p, 0.0) for p in graph}
+    expected = nx.pagerank(graph, alpha=0.85, personalization=personal, dangling=personal,
+                           tol=1e-14, max_iter=10_000)
+    assert set(rows) == {str(p) for p in graph}
+    for page, value in expected.items():
+        assert rows[str(page)] == pytest.approx(value, abs=1e-10)
+
+
+def test_paper_scale_matches_the_reference_with_a_teleport(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edges = [(u, v) for u, v in random_edges("gnp", 30, 5) if u != v]
+    pages = sorted({p for edge in edges for p in edge})
+    teleport = tmp_path / "topic.txt"
+    teleport.write_text("".join(f"{p}\n" for p in pages[:4]))  # weight 1 each
+    path = _write_edges(tmp_path / "g.tsv", edges)
+    assert main(["rank", "--edges", str(path), "--teleport", str(teleport),
+                 "--tolerance", "1e-10", "--verify"]) == 0
+    captured = capsys.readouterr()
+    rows = _rows(captured.out)
+    index = {p: i for i, p in enumerate(pages)}
+    t = np.zeros(len(pages))
+    t[[index[p] for p in pages[:4]]] = 1.0
+    exact = reference_pagerank(len(pages), [(index[u], index[v]) for u, v in edges],
+                               damping=0.85, teleport=t)
+    for page in pages:
+        assert rows[str(page)] == pytest.approx(exact[index[page]], abs=1e-8)
+    assert "verify: --teleport has no incremental path" in captured.err
+
+
+def test_a_uniform_teleport_ranks_as_plain_pagerank(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edges = tmp_path / "fig2.tsv"
+    edges.write_text(FIG2)
+    teleport = tmp_path / "all.txt"
+    teleport.write_text("A\t2\nB\t2\nC\t2\n")
+    assert main(["rank", "--edges", str(edges)]) == 0
+    plain = _rows(capsys.readouterr().out)
+    assert main(["rank", "--edges", str(edges), "--teleport", str(teleport)]) == 0
+    assert _rows(capsys.readouterr().out) == pytest.approx(plain, abs=1e-10)  # 12 digits
+
+
+def test_events_are_applied_before_the_teleport_solve_and_missing_pages_are_named(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edges = tmp_path / "fig2.tsv"
+    edges.write_text(FIG2)
+    events = tmp_path / "events.jsonl"
+    events.write_text("\n".join(json.dumps(e) for e in [
+        {"type": "link_added", "src": "https://d.example/", "dst": "https://e.example/"},
+        {"type": "link_added", "src": "https://e.example/", "dst": "https://d.example/"},
+        {"type": "page_removed", "url": "https://e.example/"},
+    ]) + "\n")
+    teleport = tmp_path / "topic.txt"
+    teleport.write_text("https://d.example/\t1\nhttps://e.example/\t5\nnowhere\nA\t1\n")
+    assert main(["rank", "--edges", str(edges), "--events", str(events),
+                 "--teleport", str(teleport)]) == 0
+    captured = capsys.readouterr()
+    rows = _rows(captured.out)
+    # e is gone, and its weight with it; d (crawled: it sent a link) stays, linkless.
+    assert "https://e.example/" not in rows
+    assert "2 page(s) listed are not in the graph" in captured.err
+    assert "'https://e.example/', line 2" in captured.err
+    # Jumps land on d and A alike: d keeps (1 - d) * 4 live pages / 2, A passes on.
+    assert rows["https://d.example/"] == pytest.approx(0.15 * 4 / 2, abs=1e-12)
+    assert rows["A"] > rows["B"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "teleport", "message"),
+    [
+        (["--algorithm", "wpr"], "A\n", "--teleport applies to PageRank only"),
+        (["--algorithm", "hits"], "A\n", "--teleport applies to PageRank only"),
+        ([], "A\tmany\n", "topic.txt:1: weight 'many' is not a number"),
+        ([], "# c\nA\t-1\n", "topic.txt:2: weight '-1' is not a finite number >= 0"),
+        ([], "A\tnan\n", "weight 'nan' is not a finite number >= 0"),
+        ([], "A\t1\t2\n", "topic.txt:1: expected 'key' or 'key<TAB>weight'"),
+        ([], "\tA\n", "topic.txt:1: expected 'key' or 'key<TAB>weight'"),
+        ([], "A\nB\nA\t3\n", "topic.txt:3: 'A' is listed twice (first on line 1)"),
+        ([], "A\t0\nzzz\t1\n", "no page of the graph has a positive weight"),
+        ([], "", "no page of the graph has a positive weight"),
+        (["--events", "-", "--teleport", "-"], "A\n", "names the same input"),
+    ],
+)
+def test_bad_teleport_input_is_one_line_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], teleport: str,
+        message: str) -> None:
+    edges = tmp_path / "fig2.tsv"
+    edges.write_text(FIG2)
+    path = tmp_path / "topic.txt"
+    path.write_text(teleport)
+    command = ["rank", "--edges", str(edges), *argv]
+    if "--teleport" not in argv:
+        command += ["--teleport", str(path)]
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
