@@ -1,4 +1,5 @@
-"""The HTTP query API (FastAPI): ``GET /hits``, ``/top``, ``/score``, ``/status``.
+"""The HTTP query API (FastAPI): ``GET /hits``, ``/top``, ``/score``, ``/status``,
+``/metrics``.
 
 ``rankstream serve`` runs :func:`create_app` on uvicorn; the OpenAPI schema is at
 ``/openapi.json`` (interactive docs at ``/docs``). Every input is bounded by a
@@ -18,7 +19,8 @@ and errors map to status codes as follows:
 
 The endpoints are thin: HITS is :func:`consumer.hits_query.run_hits`; ``/top``,
 ``/score`` and ``/status`` are :mod:`consumer.readers` (what ``rankstream top``,
-``score`` and ``status`` print). Non-finite numbers (an unpublished bound is
+``score`` and ``status`` print); ``/metrics`` is ``/status`` in Prometheus' text
+format (:mod:`consumer.metrics`). Non-finite numbers (an unpublished bound is
 infinite) are sent as ``null``: JSON has no infinity.
 """
 
@@ -29,7 +31,7 @@ from typing import Annotated, Any, Literal
 import uvicorn
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, StringConstraints
 
@@ -48,6 +50,7 @@ from consumer.hits_query import (
     run_hits,
 )
 from consumer.keys import Keys
+from consumer.metrics import CONTENT_TYPE, render_metrics
 from consumer.redis_store import check_layout
 from producer.urls import canonicalize_url
 from rankstream.errors import (
@@ -222,6 +225,12 @@ def create_app(redis: Any, prefix: str, *, cache_ttl: int = DEFAULT_CACHE_TTL) -
     def get_status() -> dict[str, Any]:
         """Consumer health, graph counters and each algorithm's meta."""
         return readers.json_safe(readers.status(redis, prefix))
+
+    @app.get("/metrics", response_class=PlainTextResponse, responses=_ERRORS)
+    def get_metrics() -> Response:
+        """``/status`` for Prometheus: consumer health, graph counters, score freshness."""
+        body = render_metrics(readers.status(redis, prefix))
+        return Response(body, media_type=CONTENT_TYPE)
 
     # HEAD wherever GET is, as HTTP asks of a general-purpose server (health checks use
     # it); the server sends the headers without the body. Left out of the schema: one

@@ -2,9 +2,9 @@
 
     rankstream serve [--host 127.0.0.1] [--port 8080]
 
-Serves ``GET /hits``, ``/top``, ``/score`` and ``/status`` over the graph and scores
-in Redis (settings: RANKSTREAM_REDIS_URL, RANKSTREAM_KEY_PREFIX); the OpenAPI
-schema is at ``/openapi.json``. Stops on Ctrl-C or SIGTERM.
+Serves ``GET /hits``, ``/top``, ``/score``, ``/status`` and ``/metrics`` over the
+graph and scores in Redis (settings: RANKSTREAM_REDIS_URL, RANKSTREAM_KEY_PREFIX);
+the OpenAPI schema is at ``/openapi.json``. Stops on Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ none gets a 5xx. Both talk to the same uvicorn thread over TCP.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -18,6 +19,7 @@ import pytest
 import schemathesis
 import uvicorn
 from hypothesis import HealthCheck, settings
+from prometheus_client.parser import text_string_to_metric_families
 from schemathesis.checks import not_a_server_error
 
 from consumer.hits_query import MAX_SEEDS
@@ -80,7 +82,7 @@ def http(served: tuple[str, HandGraph]) -> Iterator[httpx.Client]:
 
 def test_openapi_schema_is_published(http: httpx.Client) -> None:
     schema = http.get("/openapi.json").json()
-    assert {"/hits", "/top", "/score", "/status"} <= set(schema["paths"])
+    assert {"/hits", "/top", "/score", "/status", "/metrics"} <= set(schema["paths"])
     params = {p["name"]: p["schema"] for p in schema["paths"]["/hits"]["get"]["parameters"]}
     assert params["k"]["maximum"] == 1000 and params["seed"]["anyOf"][0]["maxItems"] == MAX_SEEDS
 
@@ -193,9 +195,30 @@ def test_status_and_an_unpublished_ranking(http: httpx.Client) -> None:
     assert wpr["entries"] == [] and wpr["meta"]["bound"] is None
 
 
+def test_metrics_are_the_status_in_prometheus_text_format(http: httpx.Client) -> None:
+    response = http.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    samples = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+               for family in text_string_to_metric_families(response.text)
+               for sample in family.samples}
+    status = http.get("/status").json()
+    # The hand-made graph counts only its version; counters it lacks are left out.
+    assert [name for name, _ in samples if name.startswith("rankstream_graph_")] == [
+        "rankstream_graph_events_applied_total"]
+    assert samples[("rankstream_graph_events_applied_total", ())] == status["graph"]["version"]
+    pagerank, wpr = (("algorithm", "pagerank"),), (("algorithm", "wpr"),)
+    assert samples[("rankstream_scores_bound", pagerank)] == 1e-7
+    assert samples[("rankstream_scores_bound", wpr)] == math.inf  # never published
+    assert samples[("rankstream_consumer_running", ())] == 0.0  # no lease in this fixture
+    assert samples[("rankstream_consumer_info", (("host", ""), ("pid", ""),
+                                                 ("state", "running"), ("topic", "")))] == 1
+    assert http.get("/metrics", params={"name": "x"}).status_code == 400
+
+
 def test_head_answers_wherever_get_does(http: httpx.Client) -> None:
     # HTTP asks it of every GET resource, and health checks use it.
-    for path in ("/status", "/top", "/hits?q=python"):
+    for path in ("/status", "/top", "/hits?q=python", "/metrics"):
         head, get = http.head(path), http.get(path)
         assert head.status_code == get.status_code == 200
         # (The length is that of the body a GET would get now: /status changes by itself.)

@@ -1,0 +1,99 @@
+"""GET /metrics's body: consumer.metrics renders a status snapshot for Prometheus."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from consumer.metrics import render_metrics
+
+
+def _samples(status: dict[str, Any]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = render_metrics(status).decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def _meta(**overrides: Any) -> dict[str, Any]:
+    meta = {"algorithm": "pagerank", "published": True, "total": 530.0, "bound": 4.7e-4,
+            "relative_bound": 8.9e-7, "tolerance": 1e-6, "fresh": True, "version": 1590,
+            "refreshed_at": "2026-11-28T04:52:47.630+00:00", "offsets": {}, "damping": 0.85,
+            "scale": "paper", "pages": 530}
+    return {**meta, **overrides}
+
+
+def _status() -> dict[str, Any]:
+    return {
+        "prefix": "rs:",
+        "consumer": {"state": "running", "pid": "7747", "host": "vm",
+                     "topic": "rankstream.links", "events_per_s": "530.0", "events": "530",
+                     "batches": "3", "retries": "2", "last_batch_seconds": "0.0661",
+                     "heartbeat_at": "2026-11-28T04:52:47.645+00:00",
+                     "started_at": "2026-11-28T04:52:47.219+00:00",
+                     "lag": {"0": 0, "1": 12}, "lag_total": "12"},
+        "running": True,
+        "lock": {"pid": 7747, "host": "vm"},
+        "graph": {"version": 1590, "links": 16014, "pages": 530, "ids": 531, "dlq": 4,
+                  "stale_ignored": 2},
+        "offsets": {},
+        "algorithms": {"pagerank": _meta(),
+                       "wpr": _meta(algorithm="wpr", published=False, total=None,
+                                    bound=math.inf, relative_bound=math.inf, fresh=False,
+                                    version=0, refreshed_at="", pages=0)},
+    }
+
+
+def test_the_status_snapshot_as_prometheus_series() -> None:
+    samples = _samples(_status())
+    assert samples[("rankstream_consumer_running", ())] == 1.0
+    assert samples[("rankstream_consumer_info", (("host", "vm"), ("pid", "7747"),
+                                                 ("state", "running"),
+                                                 ("topic", "rankstream.links")))] == 1.0
+    assert samples[("rankstream_consumer_events_total", ())] == 530
+    assert samples[("rankstream_consumer_retries_total", ())] == 2
+    assert samples[("rankstream_consumer_lag_events", (("partition", "1"),))] == 12
+    assert samples[("rankstream_consumer_lag_events", (("partition", "0"),))] == 0
+    # Timestamps, not ages: an age is stale the moment it is scraped.
+    assert samples[("rankstream_consumer_heartbeat_timestamp_seconds", ())] == 1795841567.645
+    assert samples[("rankstream_graph_events_applied_total", ())] == 1590
+    assert samples[("rankstream_graph_dead_letters_total", ())] == 4
+    assert samples[("rankstream_graph_page_ids", ())] == 531
+    pagerank = (("algorithm", "pagerank"),)
+    assert samples[("rankstream_scores_fresh", pagerank)] == 1.0
+    assert samples[("rankstream_scores_bound", pagerank)] == 4.7e-4
+    assert samples[("rankstream_scores_events_applied", pagerank)] == 1590
+    assert samples[("rankstream_scores_refreshed_timestamp_seconds", pagerank)] == \
+        1795841567.63
+    # An unpublished ranking: not fresh, an infinite bound, no sum and no time.
+    wpr = (("algorithm", "wpr"),)
+    assert samples[("rankstream_scores_published", wpr)] == 0.0
+    assert samples[("rankstream_scores_fresh", wpr)] == 0.0
+    assert samples[("rankstream_scores_bound", wpr)] == math.inf
+    assert ("rankstream_scores_sum", wpr) not in samples
+    assert ("rankstream_scores_refreshed_timestamp_seconds", wpr) not in samples
+
+
+def test_no_consumer_yet_and_figures_that_do_not_parse_are_left_out() -> None:
+    status = _status()
+    status["running"] = False
+    status["consumer"] = {}
+    status["graph"] = {}
+    samples = _samples(status)
+    assert samples[("rankstream_consumer_running", ())] == 0.0
+    assert not any(name.startswith(("rankstream_consumer_info", "rankstream_graph_"))
+                   for name, _ in samples)
+
+    status = _status()
+    status["consumer"].update(events_per_s="fast", heartbeat_at="yesterday", retries="nan",
+                              lag="not json")
+    status["consumer"]["state"] = 'odd "state"\nwith a newline'
+    samples = _samples(status)  # still parses: label values are escaped
+    assert ("rankstream_consumer_events_per_second", ()) not in samples
+    assert ("rankstream_consumer_heartbeat_timestamp_seconds", ()) not in samples
+    assert ("rankstream_consumer_retries_total", ()) not in samples
+    assert not any(name == "rankstream_consumer_lag_events" for name, _ in samples)
+    assert samples[("rankstream_consumer_events_total", ())] == 530  # the rest arrives
+    info = [labels for name, labels in samples if name == "rankstream_consumer_info"]
+    assert dict(info[0])["state"] == 'odd "state"\nwith a newline'
