@@ -170,6 +170,39 @@ def test_whole_argument_does_not_match_a_prefix(tmp_path):
     assert live_pid(pid_file, arg[:-1], whole_argument=True) is None
 
 
+def test_a_service_is_alive_until_its_last_thread_ends():
+    """A JVM's main thread exits before its others, which still hold the broker's
+    sockets: /proc shows a zombie with threads, and `up` must wait for it, not start a
+    second broker on a port still bound. Stopped (SIGSTOP) is alive too; killed is not."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from rankstream.services._proc import process_alive
+    main_exits = ("import ctypes, threading, time; "
+                  "threading.Thread(target=time.sleep, args=(60,)).start(); "
+                  "ctypes.CDLL(None).pthread_exit(None)")
+    for argv, prepare in (([sys.executable, "-c", main_exits], None),
+                          (["sleep", "60"], signal.SIGSTOP)):
+        process = subprocess.Popen(argv)
+        try:
+            status = Path(f"/proc/{process.pid}/status")
+            deadline = time.monotonic() + 10
+            if prepare is not None:
+                process.send_signal(prepare)
+            wanted = "State:\tT" if prepare is not None else "State:\tZ"
+            while wanted not in status.read_text():
+                assert time.monotonic() < deadline, status.read_text()
+                time.sleep(0.02)
+            assert process_alive(process.pid)
+        finally:
+            process.kill()
+            process.wait()
+        assert not process_alive(process.pid)
+
+
 def test_a_garbled_pid_file_is_no_pid(tmp_path):
     from rankstream.services._proc import read_pid
     (tmp_path / "p").write_text("12ab\n")
