@@ -80,7 +80,7 @@ class LiveRanks:
         damping = _real(damping, "damping")
         if not 0.0 < damping < 1.0:
             raise InputError(f"damping must lie strictly between 0 and 1, got {damping!r}")
-        _check_tolerance(tolerance, damping)
+        check_tolerance(tolerance, damping)
         if not 0.0 <= _real(publish_threshold, "publish_threshold") < np.inf:
             # NaN would publish nothing, ever
             raise InputError(f"publish_threshold must be finite and >= 0, got "
@@ -279,7 +279,9 @@ def _real(value: object, name: str) -> float:
     return float(value)
 
 
-def _check_tolerance(tolerance: float, damping: float) -> None:
+def check_tolerance(tolerance: float, damping: float) -> None:
+    """InputError unless ``tolerance`` is a relative bound certifiable at ``damping``
+    (at least :func:`ranker.bounds.tolerance_floor`) and below 1."""
     tolerance = _real(tolerance, "tolerance")
     floor = tolerance_floor(damping)
     if not tolerance >= floor:
@@ -296,6 +298,6 @@ def _check_tolerance(tolerance: float, damping: float) -> None:
 def _check_refresh_args(tolerance: float | None, max_sweeps: float | None,
                         damping: float) -> None:
     if tolerance is not None:
-        _check_tolerance(tolerance, damping)
+        check_tolerance(tolerance, damping)
     if max_sweeps is not None and not 0.0 < _real(max_sweeps, "max_sweeps") < np.inf:
         raise InputError(f"max_sweeps must be positive and finite, got {max_sweeps!r}")

@@ -31,8 +31,11 @@ from rankstream.input_files import input_path, same_input
 from rankstream.settings import Settings
 
 if TYPE_CHECKING:
+    import scipy.sparse as sp
+
     from producer.schema import Limits
     from ranker import EdgeBatch, LinkGraph
+    from ranker.results import RankResult
 
 ALGORITHMS = ("pagerank", "wpr", "hits")
 # The cold check's L1 bound per live page at d <= 0.85, a tenth of the tolerance floor.
@@ -219,9 +222,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 def _rank_with_teleport(graph: LinkGraph, args: argparse.Namespace, *, damping: float,
                         tolerance: float, max_iter: int) -> int:
     """Topic-sensitive PageRank of ``graph`` by a cold solve (see the module's doc)."""
-    from ranker import pagerank
-    from ranker.bounds import static_tolerance
-
     alive = graph.live_mask()
     teleport = np.zeros(graph.num_ids)
     missing: list[tuple[int, str]] = []
@@ -241,15 +241,8 @@ def _rank_with_teleport(graph: LinkGraph, args: argparse.Namespace, *, damping: 
                          + (f"; {absent}" if absent else ""), where=str(args.teleport))
     if absent:
         sys.stderr.write(f"teleport: {absent}\n")
-    # sum(y) >= sum(b) = (1 - d) * live pages, so this absolute bound is within the
-    # relative tolerance; the default tolerance is kept certifiable for the static
-    # solver (its floor is per page, not per unit of sum(y)).
-    live = int(alive.sum())
-    tol = tolerance * (1.0 - damping) * live
-    if args.tolerance is None:
-        tol = max(tol, static_tolerance(live, damping))
-    result = pagerank(graph.to_csr(), damping=damping, tol=tol, teleport=teleport, alive=alive,
-                      max_iter=_cold_sweeps(max_iter, tol, alive, damping))
+    result = _teleport_solve(graph.to_csr(), teleport, alive, damping=damping,
+                             tolerance=tolerance, max_iter=max_iter)
     if args.verify:
         # Said rather than skipped: there is no incremental path to check against.
         sys.stderr.write("verify: --teleport has no incremental path; the scores are a cold "
@@ -261,6 +254,34 @@ def _rank_with_teleport(graph: LinkGraph, args: argparse.Namespace, *, damping: 
     with _output_errors():
         _print_scores(graph, scores, alive, args.top)
     return 0
+
+
+def _teleport_solve(matrix: sp.csr_array, teleport: np.ndarray, alive: np.ndarray, *,
+                    damping: float, tolerance: float, max_iter: int) -> RankResult:
+    """A static solve whose certified bound is at most ``tolerance * sum(y)``.
+
+    The static solver takes an absolute bound, and a topic's ``sum(y)`` is only known
+    to lie between ``sum(b) = (1 - d) * live pages`` and ``live pages``. Aiming at the
+    low end from the start asked near d = 1 for less than float64 certifies for a
+    relative tolerance LiveRanks reaches (a review), so: first a target float64 can
+    certify for any ``sum(y)`` (:func:`ranker.bounds.static_tolerance`), then, if
+    the bound is not yet within ``tolerance`` of the sum found, once more from there
+    to ``tolerance * (sum - 2 * bound)``, which the second sum cannot fall below.
+    """
+    from ranker import pagerank
+    from ranker.bounds import static_tolerance
+    from ranker.incremental import check_tolerance
+
+    check_tolerance(tolerance, damping)  # the floor and message of the plain path
+    live = int(alive.sum())
+    tol = max(tolerance * (1.0 - damping) * live, static_tolerance(live, damping))
+    result = pagerank(matrix, damping=damping, tol=tol, teleport=teleport, alive=alive,
+                      max_iter=_cold_sweeps(max_iter, tol, alive, damping))
+    if result.bound <= tolerance * result.total:
+        return result
+    tol = tolerance * (result.total - 2.0 * result.bound)
+    return pagerank(matrix, damping=damping, tol=tol, teleport=teleport, alive=alive,
+                    start=result.scores, max_iter=_cold_sweeps(max_iter, tol, alive, damping))
 
 
 def _cold_sweeps(max_iter: int, tol: float, alive: np.ndarray, damping: float) -> int:

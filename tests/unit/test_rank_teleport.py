@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -111,6 +112,52 @@ def test_events_are_applied_before_the_teleport_solve_and_missing_pages_are_name
     assert rows["A"] > rows["B"]
 
 
+def _topic_graph(tmp_path: Path, *, leaky: bool) -> tuple[Path, Path]:
+    """2,000 pages and a topic of 20. Leaky: 40% of the pages dangle, so sum(y) is far
+    below the page count; else a ring keeps every page's mass, so sum(y) is the page
+    count: the two ends the static solver's absolute bound must allow for."""
+    rng = np.random.default_rng(7)
+    crawled = np.arange(1200 if leaky else 2000)
+    edges = {(int(s), int(t)) for s, t in zip(rng.choice(crawled, 6000),
+                                                rng.integers(0, 2000, 6000), strict=True)
+             if s != t}
+    if not leaky:
+        edges |= {(p, (p + 1) % 2000) for p in range(2000)}
+    path = _write_edges(tmp_path / "leaky.tsv", sorted(edges))
+    topic = tmp_path / "topic.txt"
+    pages = sorted({p for edge in edges for p in edge})
+    topic.write_text("".join(f"{p}\t{w:.3f}\n" for p, w in
+                             zip(rng.choice(pages, 20, replace=False), rng.random(20),
+                                 strict=True)))
+    return path, topic
+
+
+@pytest.mark.parametrize(("leaky", "damping", "tolerance"), [
+    # Was refused ("below what float64 can certify"): the one target assumed the
+    # smallest sum(y), (1 - d) * pages, while LiveRanks certifies it.
+    (False, "0.999", "1e-9"),
+    (False, "0.9999", "1e-7"),
+    # The default is the floor, 1.5e-10 and 1.5e-8 there; it was 1.8e-9 and 1.9e-5
+    # of sum(y): the one target assumed the largest sum(y).
+    (True, "0.999", None),
+    (True, "0.99999", None),
+])
+def test_the_relative_tolerance_holds_at_high_damping(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], leaky: bool, damping: str,
+        tolerance: str | None) -> None:
+    from ranker.bounds import tolerance_floor
+
+    edges, topic = _topic_graph(tmp_path, leaky=leaky)
+    argv = ["rank", "--edges", str(edges), "--teleport", str(topic), "--damping", damping,
+            "--verify", "--top", "1"]
+    assert main(argv + (["--tolerance", tolerance] if tolerance else [])) == 0
+    found = re.search(r"certified L1 bound (\S+), (\S+) of sum\(y\)", capsys.readouterr().err)
+    assert found is not None
+    asked = float(tolerance) if tolerance else tolerance_floor(float(damping))
+    # The relative figure is printed to two digits.
+    assert float(found.group(2)) <= asked * 1.05
+
+
 @pytest.mark.parametrize(
     ("argv", "teleport", "message"),
     [
@@ -125,6 +172,9 @@ def test_events_are_applied_before_the_teleport_solve_and_missing_pages_are_name
         ([], "A\t0\nzzz\t1\n", "no page of the graph has a positive weight"),
         ([], "", "no page of the graph has a positive weight"),
         (["--events", "-", "--teleport", "-"], "A\n", "names the same input"),
+        # The plain path's floor and message (a math domain error's traceback before).
+        (["--tolerance", "1e-323"], "A\n", "tolerance must be at least 1e-12 at damping 0.85"),
+        (["--tolerance", "1e-13"], "A\n", "tolerance must be at least 1e-12 at damping 0.85"),
     ],
 )
 def test_bad_teleport_input_is_one_line_exit_2(
