@@ -88,11 +88,15 @@ _SCORES = {
     "relative_bound": ("rankstream_scores_relative_bound",
                        "The bound divided by the sum of the scores"),
     "tolerance": ("rankstream_scores_tolerance", "Relative tolerance the scores must meet"),
-    "total": ("rankstream_scores_sum", "Sum of the published scores (paper scale)"),
+    # Not _sum: a suffix Prometheus keeps for histograms and summaries (promlint).
+    "total": ("rankstream_scores_mass", "Sum of the published scores (paper scale)"),
     "version": ("rankstream_scores_events_applied",
                 "Events applied to the graph the published scores reflect"),
     "pages": ("rankstream_scores_pages", "Pages with a published score"),
 }
+
+# Figures an unpublished ranking does not have (its bound, +Inf, says what is known).
+_PUBLISHED_ONLY = frozenset({"total", "tolerance", "version", "pages"})
 
 
 def render_metrics(status: dict[str, Any]) -> bytes:
@@ -147,6 +151,8 @@ def _scores(algorithms: dict[str, dict[str, Any]]) -> Iterator[Metric]:
     for field, (name, text) in _SCORES.items():
         family = GaugeMetricFamily(name, text, labels=["algorithm"])
         for algorithm, meta in sorted(algorithms.items()):
+            if field in _PUBLISHED_ONLY and not meta.get("published"):
+                continue  # an unpublished meta reads 0 there, which would mislead
             value = meta.get(field)
             number = float(value) if isinstance(value, bool) else _number(value)
             if number is not None:
@@ -175,7 +181,7 @@ def _number(value: Any) -> float | None:
         return None
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # an int of 400 digits is no float
         return None
     return None if math.isnan(number) else number
 

@@ -8,6 +8,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from consumer.metrics import render_metrics
+from consumer.readers import Meta
 
 
 def _samples(status: dict[str, Any]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -39,9 +40,7 @@ def _status() -> dict[str, Any]:
                   "stale_ignored": 2},
         "offsets": {},
         "algorithms": {"pagerank": _meta(),
-                       "wpr": _meta(algorithm="wpr", published=False, total=None,
-                                    bound=math.inf, relative_bound=math.inf, fresh=False,
-                                    version=0, refreshed_at="", pages=0)},
+                       "wpr": Meta("wpr", published=False).as_dict()},
     }
 
 
@@ -66,13 +65,16 @@ def test_the_status_snapshot_as_prometheus_series() -> None:
     assert samples[("rankstream_scores_events_applied", pagerank)] == 1590
     assert samples[("rankstream_scores_refreshed_timestamp_seconds", pagerank)] == \
         1795841567.63
-    # An unpublished ranking: not fresh, an infinite bound, no sum and no time.
+    assert samples[("rankstream_scores_mass", pagerank)] == 530.0
+    assert samples[("rankstream_scores_tolerance", pagerank)] == 1e-6
+    # An unpublished ranking (the meta the readers give it): not fresh, an infinite
+    # bound, and none of the figures it does not have (its meta reads 0 there).
     wpr = (("algorithm", "wpr"),)
     assert samples[("rankstream_scores_published", wpr)] == 0.0
     assert samples[("rankstream_scores_fresh", wpr)] == 0.0
     assert samples[("rankstream_scores_bound", wpr)] == math.inf
-    assert ("rankstream_scores_sum", wpr) not in samples
-    assert ("rankstream_scores_refreshed_timestamp_seconds", wpr) not in samples
+    for name in ("mass", "tolerance", "events_applied", "pages", "refreshed_timestamp_seconds"):
+        assert (f"rankstream_scores_{name}", wpr) not in samples
 
 
 def test_no_consumer_yet_and_figures_that_do_not_parse_are_left_out() -> None:
@@ -88,12 +90,14 @@ def test_no_consumer_yet_and_figures_that_do_not_parse_are_left_out() -> None:
     status = _status()
     status["consumer"].update(events_per_s="fast", heartbeat_at="yesterday", retries="nan",
                               lag="not json")
+    status["graph"]["links"] = 10**400  # a hand-written HSET: no float holds it
     status["consumer"]["state"] = 'odd "state"\nwith a newline'
     samples = _samples(status)  # still parses: label values are escaped
     assert ("rankstream_consumer_events_per_second", ()) not in samples
     assert ("rankstream_consumer_heartbeat_timestamp_seconds", ()) not in samples
     assert ("rankstream_consumer_retries_total", ()) not in samples
     assert not any(name == "rankstream_consumer_lag_events" for name, _ in samples)
+    assert ("rankstream_graph_links", ()) not in samples
     assert samples[("rankstream_consumer_events_total", ())] == 530  # the rest arrives
     info = [labels for name, labels in samples if name == "rankstream_consumer_info"]
     assert dict(info[0])["state"] == 'odd "state"\nwith a newline'
