@@ -101,3 +101,16 @@ def test_no_consumer_yet_and_figures_that_do_not_parse_are_left_out() -> None:
     assert samples[("rankstream_consumer_events_total", ())] == 530  # the rest arrives
     info = [labels for name, labels in samples if name == "rankstream_consumer_info"]
     assert dict(info[0])["state"] == 'odd "state"\nwith a newline'
+
+
+def test_the_documented_alert_rules_name_metrics_that_exist() -> None:
+    """docs/monitoring.md's rules (checked with promtool when written) must keep
+    naming series /metrics serves: a renamed metric would silence an alert."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "monitoring.md").read_text()
+    rules = doc[doc.index("```yaml\n"):doc.index("```\n", doc.index("```yaml\n") + 8)]
+    named = set(re.findall(r"\b(rankstream_[a-z_]+)", rules.split("rules:", 1)[1]))
+    served = {name for name, _ in _samples(_status())}
+    assert named and named <= served, named - served
