@@ -47,10 +47,13 @@ class StopRequests:
         returns whether it was taken back."""
         if self.reason != CAUGHT_UP or not still_short() or self._asked:
             return False
-        self.event.clear()
+        # Reset before the clear: a stop asked after the clear (the --max-seconds
+        # timer's thread, a signal) sets its own reason and time, which a reset after
+        # it wiped out (a review: the stop stood, with no reason and no grace).
         self.reason = ""
         self.recovery.stop_requested_at = None
-        if self._asked:  # asked just before the event was cleared: it still wins
+        self.event.clear()
+        if self._asked:  # asked before the event was cleared: it still wins
             self.request(self._asked)
             return False
         return True
