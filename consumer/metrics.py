@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -191,6 +191,8 @@ def _timestamp(value: Any) -> float | None:
     if not isinstance(value, str) or not value:
         return None
     try:
-        return datetime.fromisoformat(value).timestamp()
+        moment = datetime.fromisoformat(value)
     except ValueError:
         return None
+    # Naive means UTC, as everywhere in rankstream (the consumer writes an offset).
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()

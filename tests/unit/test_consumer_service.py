@@ -57,6 +57,7 @@ def test_a_partition_read_over_counts_its_real_offsets_once_a_batch_committed():
         source._consumer.close()
 
 
+@pytest.mark.timeout(120)  # a stop that never bounds the retries hangs, not fails
 def test_max_seconds_stops_a_consumer_blocked_in_retries_at_start(monkeypatch):
     """The limit was checked between steps only: with no broker at start the topic
     creation was retried for ever, far past --max-seconds."""

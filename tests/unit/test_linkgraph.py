@@ -376,3 +376,25 @@ def test_a_growing_graph_stays_within_the_memory_budget_without_compacting_every
     # 16 with the key table counted in the budget (10 before, without it; the graph
     # then reached 44.7 bytes a link): far from compacting after every batch.
     assert len(compactions) <= 20
+
+
+def test_rows_to_grow_exactly_full_and_empty_batches() -> None:
+    import numpy as np
+
+    from ranker.graph_memory import rows_to_grow
+    length = np.array([2, 0, 5], dtype=np.int64)
+    cap = np.array([3, 4, 5], dtype=np.int64)
+    # Row 0 fills to exactly its capacity: no move (GM3).
+    rows, caps, freed = rows_to_grow(np.array([0], dtype=np.int32), length, cap, 100)
+    assert rows.size == 0 and caps.size == 0 and freed == 0
+    # Row 2 overflows by one: 1.5x + 2 (GM5), freeing its old capacity (GM6).
+    rows, caps, freed = rows_to_grow(np.array([2], dtype=np.int32), length, cap, 100)
+    assert rows.tolist() == [2] and caps.tolist() == [5 + 2 + 2] and freed == 5
+    # Row 1 (empty, capacity 4) gets 5 links: exactly enough, and its 4 slots freed (GM6).
+    rows, caps, freed = rows_to_grow(np.full(5, 1, dtype=np.int32), length, cap, 100)
+    assert rows.tolist() == [1] and caps.tolist() == [max(5, 4 + 2 + 2)] and freed == 4
+    # No links to add (LinkGraph never asks; the pure function still answers), on either path (GM1).
+    for num_ids in (3, 1000):
+        rows, caps, freed = rows_to_grow(np.array([], dtype=np.int32), length, cap,
+                                         num_ids)
+        assert rows.size == 0 and freed == 0

@@ -114,3 +114,43 @@ def test_the_documented_alert_rules_name_metrics_that_exist() -> None:
     named = set(re.findall(r"\b(rankstream_[a-z_]+)", rules.split("rules:", 1)[1]))
     served = {name for name, _ in _samples(_status())}
     assert named and named <= served, named - served
+
+
+def _status_from_a_real_consumer() -> dict:
+    from consumer.readers import ALGORITHMS, _status_dict
+    from consumer.stats import ConsumerStats
+    stats = ConsumerStats(state="running", lag={0: 3, 1: 4}, load_seconds=1.5,
+                          last_refresh_at="2026-11-28T04:52:47.630+00:00",
+                          last_refresh_seconds=0.25, last_batch_seconds=0.5)
+    fields = stats.status_fields(topic="t", counters=None)
+    return _status_dict("rs:", [fields, {}, {}, None, *({} for _ in ALGORITHMS)])
+
+
+def test_every_consumer_figure_the_status_writer_stores_is_exposed() -> None:  # M10
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from consumer.metrics import (
+        _CONSUMER_COUNTERS,
+        _CONSUMER_GAUGES,
+        _CONSUMER_TIMES,
+        render_metrics,
+    )
+    names = {sample.name for family in text_string_to_metric_families(
+        render_metrics(_status_from_a_real_consumer()).decode()) for sample in family.samples}
+    expected = {name for name, _ in _CONSUMER_GAUGES.values()}
+    expected |= {f"{name}_total" for name, _ in _CONSUMER_COUNTERS.values()}
+    expected |= {name for name, _ in _CONSUMER_TIMES.values()}
+    assert expected <= names, expected - names
+    assert "rankstream_consumer_lag_events" in names
+
+
+def test_a_lag_figure_that_does_not_parse_is_left_out_not_a_failed_scrape() -> None:  # M3
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from consumer.metrics import render_metrics
+    status = _status_from_a_real_consumer()
+    status["consumer"]["lag"] = {"0": "many", "1": None, "2": 7}
+    lags = {sample.labels["partition"]: sample.value
+            for family in text_string_to_metric_families(render_metrics(status).decode())
+            for sample in family.samples if sample.name == "rankstream_consumer_lag_events"}
+    assert lags == {"2": 7.0}

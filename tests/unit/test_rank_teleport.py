@@ -191,3 +191,60 @@ def test_bad_teleport_input_is_one_line_exit_2(
     err = capsys.readouterr().err
     assert message in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+# A mutation review's gaps (session 31): each test kills a mutant the rest let through.
+def _rank(tmp_path: Path, capsys, teleport: str, *extra: str, edges: str = FIG2):
+    (tmp_path / "g.tsv").write_text(edges)
+    (tmp_path / "topic.txt").write_text(teleport)
+    code = main(["rank", "--edges", str(tmp_path / "g.tsv"),
+                 "--teleport", str(tmp_path / "topic.txt"), *extra])
+    out, err = capsys.readouterr()
+    return code, {k: float(v) for k, v in (line.split("\t") for line in out.splitlines())}, err
+
+
+def test_an_infinite_weight_is_refused(tmp_path, capsys) -> None:  # E4
+    code, _, err = _rank(tmp_path, capsys, "A\tinf\n")
+    assert code == 2 and "weight 'inf' is not a finite number >= 0" in err
+
+
+def test_a_key_without_a_weight_weighs_1_beside_weighted_keys(tmp_path, capsys) -> None:  # E10
+    code, mixed, _ = _rank(tmp_path, capsys, "A\nB\t3\n")
+    assert code == 0
+    code, explicit, _ = _rank(tmp_path, capsys, "A\t1\nB\t3\n")
+    assert code == 0 and mixed == pytest.approx(explicit, abs=1e-12)
+    code, other, _ = _rank(tmp_path, capsys, "A\t0.5\nB\t3\n")
+    assert other["A"] != pytest.approx(mixed["A"], abs=1e-6)
+
+
+def test_teleport_naming_the_edge_list_is_refused(tmp_path, capsys) -> None:  # R2
+    edges = tmp_path / "g.tsv"
+    edges.write_text(FIG2)
+    assert main(["rank", "--edges", str(edges), "--teleport", str(edges)]) == 2
+    assert "--teleport names the same input as --edges or --events" in capsys.readouterr().err
+
+
+def test_top_applies_with_a_teleport(tmp_path, capsys) -> None:  # R8
+    code, rows, _ = _rank(tmp_path, capsys, "A\n", "--top", "2")
+    assert code == 0 and len(rows) == 2
+
+
+def test_a_teleport_solve_near_d_1_is_not_cut_at_max_iter(tmp_path, capsys) -> None:  # R7
+    # 1,000 sweeps (max_iter) do not reach the tolerance at d = 0.99 from a cold start.
+    edges = "".join(f"p{i}\tp{(i + 1) % 40}\n" for i in range(40))
+    code, rows, err = _rank(tmp_path, capsys, "p0\n", "--damping", "0.99", edges=edges)
+    assert code == 0, err
+    assert len(rows) == 40
+
+
+def test_the_teleport_solve_meets_the_relative_tolerance(tmp_path, capsys) -> None:  # R5
+    # Most of the mass leaks at the dangling leaves, so sum(y) is near (1 - d) * pages:
+    # an absolute tol of tolerance * pages (not * (1 - d)) certifies ~1/(1-d) too little.
+    core = [(i, (i * 7 + 3) % 30) for i in range(30)] + [(i, (i * 11 + 5) % 30) for i in range(30)]
+    edges = "".join(f"c{u}\tc{v}\n" for u, v in core if u != v)
+    edges += "".join(f"c{i}\tleaf{i}\n" for i in range(30))
+    code, _, err = _rank(tmp_path, capsys, "c0\nc1\nc2\n", "--tolerance", "1e-4",
+                         "--verify", edges=edges)
+    assert code == 0
+    relative = float(re.search(r"bound [0-9.e+-]+, ([0-9.e+-]+) of sum\(y\)", err).group(1))
+    assert relative <= 1e-4
