@@ -142,9 +142,12 @@ def rank_command_scores(log_file: Path, algorithm: str, settings: Settings) -> d
 
     from rankstream import rank_command
 
-    args = argparse.Namespace(edges=None, events=log_file, batch_size=1000, algorithm=algorithm,
-                              damping=None, tolerance=1e-12, scale="paper", top=None,
-                              verify=False)
+    # Through the command's own parser: a hand-built Namespace missed every option
+    # added later (--teleport).
+    parser = argparse.ArgumentParser()
+    rank_command.add_arguments(parser)
+    args = parser.parse_args(["--events", str(log_file), "--algorithm", algorithm,
+                              "--tolerance", "1e-12"])
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert rank_command.run(args, settings) == 0
