@@ -4,7 +4,8 @@ With ``--check`` its exit code says whether the consumer is healthy, for a
 supervisor's probe or a cron alert: 0 healthy, 1 not (the reasons on one line of
 stderr), 2 when Redis cannot be read. Healthy means a consumer holds the lease, its
 last state is ``running``, and its heartbeat is recent; ``--max-lag`` and
-``--fresh`` add the backlog and the published scores' freshness.
+``--fresh`` add the backlog and the published scores' freshness. ``--prometheus``
+prints what ``GET /metrics`` serves (:mod:`consumer.metrics`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from consumer.metrics import render_metrics
 from consumer.readers import describe_bound, json_safe, status
 from consumer.redis_store import connect_redis
 from rankstream.errors import InputError
@@ -29,7 +31,11 @@ DEFAULT_MAX_AGE_S = 60.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    output.add_argument("--prometheus", action="store_true",
+                        help="the figures of GET /metrics, in Prometheus' text format "
+                             "(for node_exporter's textfile collector, say)")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 unless the consumer is healthy (the reasons on stderr)")
     parser.add_argument("--max-age", type=float, default=DEFAULT_MAX_AGE_S, metavar="S",
@@ -108,6 +114,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     code = 1 if args.check and found else 0
     if code:
         sys.stderr.write(f"rankstream status: unhealthy: {'; '.join(found)}\n")
+    if args.prometheus:
+        sys.stdout.write(render_metrics(raw).decode())
+        return code
     info = json_safe(raw)
     if args.json:
         if args.check:

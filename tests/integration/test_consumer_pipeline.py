@@ -302,6 +302,10 @@ def test_readers_and_cli_commands(isolated, capsys):
     assert status["running"] is False and np.isfinite(status["algorithms"]["wpr"]["bound"])
     assert status_cmd.run(_status_args(json=False), settings) == 0
     assert f"of sum(y) (tolerance {settings.tolerance:.1e} of sum(y))" in capsys.readouterr().out
+    assert status_cmd.run(_status_args(prometheus=True), settings) == 0
+    exposition = capsys.readouterr().out
+    assert "\nrankstream_graph_pages 6.0\n" in exposition
+    assert 'rankstream_consumer_info{host="' in exposition
     # A consumer killed while running leaves its last state: said as such, once its
     # lease is gone.
     client.hset(Keys(settings.key_prefix).status, "state", "running")

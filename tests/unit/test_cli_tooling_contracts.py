@@ -132,6 +132,29 @@ def test_plain_status_exits_0_even_when_unhealthy(monkeypatch, capsys):
     assert main(["status", "--check"]) == 1
 
 
+
+def test_status_prometheus_prints_the_exposition_and_keeps_the_check(monkeypatch, capsys):
+    import consumer.commands.status as st
+
+    class Client:
+        def close(self):
+            pass
+    raw = _raw()
+    raw["lock"] = None
+    raw["running"] = False
+    monkeypatch.setattr(st, "connect_redis", lambda *a, **k: Client())
+    monkeypatch.setattr(st, "status", lambda client, prefix: raw)
+    assert main(["status", "--prometheus", "--check"]) == 1  # still the probe's code
+    out = capsys.readouterr().out
+    assert "rankstream_consumer_running 0.0\n" in out and 'state="running"' in out
+    with pytest.raises(SystemExit) as exit_info:  # argparse's misuse exit, one line
+        raise SystemExit(main(["status", "--json", "--prometheus"]))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("argument --prometheus: not allowed with argument --json")
+    assert len(err.splitlines()) == 1
+
+
 # --- settings ------------------------------------------------------------------
 def test_soak_knobs_are_not_warned_of(monkeypatch, caplog):
     from rankstream.settings import load_settings
