@@ -403,8 +403,9 @@ class ConsumerService:
                            self._positions_after(batch.next_offsets))
 
     def _settle_commit(self) -> None:
-        """Wait for the graph transaction in flight, if any (raises what it raised)."""
-        self.commits.settle(self._source().commit_for_monitoring)
+        """Wait for the graph transaction in flight, if any (raises what it raised);
+        only then is the Kafka source needed."""
+        self.commits.settle(lambda offsets: self._source().commit_for_monitoring(offsets))
 
     def _positions_after(self, next_offsets: dict[int, int]) -> dict[int, int]:
         """Next offset per partition once a batch ending at ``next_offsets`` is applied."""
@@ -469,7 +470,6 @@ class ConsumerService:
         self.publications.publish_now(self.mirror, self.mirror.start_reports)
         self.recovery.retry("seeking", lambda: self._source().seek(self._mirror().offsets))
 
-    # -- status ---------------------------------------------------------------------
     def _set_state(self, state: str, *, force: bool = False) -> None:
         changed, self.stats.state = self.stats.state != state, state
         if changed or force:
