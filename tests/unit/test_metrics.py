@@ -154,3 +154,20 @@ def test_a_lag_figure_that_does_not_parse_is_left_out_not_a_failed_scrape() -> N
             for family in text_string_to_metric_families(render_metrics(status).decode())
             for sample in family.samples if sample.name == "rankstream_consumer_lag_events"}
     assert lags == {"2": 7.0}
+
+
+def test_every_metric_is_named_in_the_http_api_doc() -> None:
+    """docs/hits.md names each metric, in full or as the suffix after its group's
+    prefix (`_load_seconds` after rankstream_consumer_); a new one must be added."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "hits.md").read_text()
+    # The hand-made status has every graph and score figure, a real consumer's
+    # status every consumer figure.
+    names = {name for status in (_status(), _status_from_a_real_consumer())
+             for name, _ in _samples(status)}
+    assert "rankstream_consumer_load_seconds" in names
+    for name in names:
+        group = next(prefix for prefix in ("rankstream_consumer", "rankstream_graph",
+                                           "rankstream_scores") if name.startswith(prefix))
+        assert name in doc or f"`{name[len(group):]}" in doc, name
