@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "top": ("consumer.commands.top", "the top pages by live score"),
     "score": ("consumer.commands.score", "one page's live scores"),
     "status": ("consumer.commands.status", "consumer health, lag, freshness and error bound"),
+    "rekey": ("consumer.commands.rekey",
+              "copy the graph to a new key prefix with dense ids (consumer stopped)"),
     "demo": ("rankstream.demo", "replay the Python docs graph and show the live top 10"),
     "rank": ("rankstream.rank_command", "rank an edge list offline (no services)"),
     "produce": ("producer.cli", "publish an event log or a synthetic stream to Kafka"),

@@ -151,6 +151,22 @@ def test_status_prometheus_prints_the_exposition_and_keeps_the_check(monkeypatch
     assert len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize(("new_prefix", "message"), [
+    ("rs:", "must not be one the start of the other"),  # the current prefix itself
+    ("rs:v2:", "must not be one the start of the other"),  # deleting rs:* would take it
+    ("r", "must not be one the start of the other"),
+    ("x:term:", "has a 'term' segment"),  # the settings' own rule for a prefix
+])
+def test_rekey_refuses_a_prefix_that_would_mix_keys(new_prefix, message, monkeypatch,
+                                                    capsys):
+    # Refused before any Redis command (nothing listens at port 1).
+    monkeypatch.setenv("RANKSTREAM_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("RANKSTREAM_KEY_PREFIX", "rs:")
+    assert main(["rekey", new_prefix]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
 # --- settings ------------------------------------------------------------------
 def test_soak_knobs_are_not_warned_of(monkeypatch, caplog):
     from rankstream.settings import load_settings

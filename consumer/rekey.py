@@ -1,0 +1,201 @@
+"""``rankstream rekey NEW_PREFIX``: copy the graph to a new key prefix with dense ids,
+leaving out what nothing needs any more.
+
+Page ids are never reused (``docs/redis-keys.md``), so every URL ever seen keeps an
+id: its id maps, and in the consumer its slots in every per-page array, which each
+batch's passes scan. Most such ids belong to link targets that were never crawled
+and went when their last in-link went (the orphan rule, ``docs/events.md``): nothing
+about them matters any more. A page that was crawled and then removed is different:
+its ``ts`` is what the stale rule needs to ignore an older ``page`` event, and its
+title is kept for the page's return.
+
+So the copy keeps every live page and every removed page that has a ``ts`` or a
+title, numbers them densely in their old order, and writes the graph, the text
+index, the offsets, the counters and the published scores (ZSETs and meta, keyed by
+URL, copied as they are) under ``NEW_PREFIX``. The consumer, pointed at the new
+prefix (``RANKSTREAM_KEY_PREFIX``), carries on from the same Kafka offsets.
+
+Safety: both leases (``P lock`` of the old and the new prefix) are held while it
+runs, so no consumer writes either meanwhile (one running on the old prefix makes
+the command refuse); the new prefix must hold no key at all; ``P graph``, which a
+consumer needs to start, is written last, so a copy cut short leaves a prefix no
+consumer starts on, to delete and redo. The old prefix is left untouched: delete it
+once the consumer runs on the new one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis
+
+from consumer.keys import ALGORITHMS, LAYOUT_FIELD, LAYOUT_VERSION, Keys
+from consumer.lock import ConsumerLock
+from consumer.redis_store import (
+    check_layout,
+    crawled_bitmap,
+    load_stored,
+    redis_errors,
+    stored_data,
+)
+from rankstream.errors import ConfigError, ServiceError
+
+log = logging.getLogger("rankstream.rekey")
+
+WRITE_CHUNK = 5_000  # commands per pipeline round trip
+
+
+@dataclass
+class RekeyReport:
+    """What the copy kept and left out."""
+
+    ids_before: int
+    ids_after: int
+    pages: int
+    links: int
+    terms: int
+
+
+def check_prefixes(old: str, new: str) -> None:
+    """ConfigError unless the two prefixes name disjoint key spaces."""
+    if old.startswith(new) or new.startswith(old):
+        raise ConfigError(f"the new prefix {new!r} and the current {old!r} must not be "
+                          "one the start of the other (their keys would mix)")
+
+
+def rekey(client: redis.Redis, old_prefix: str, new_prefix: str, topic: str, *,
+          lock_ttl_ms: int = 30_000) -> RekeyReport:
+    """Copy the graph under ``old_prefix`` to ``new_prefix`` (see the module's doc)."""
+    check_prefixes(old_prefix, new_prefix)
+    old, new = Keys(old_prefix), Keys(new_prefix)
+    check_layout(client, old)
+    leases = [ConsumerLock(client, keys.lock, ttl_ms=lock_ttl_ms) for keys in (old, new)]
+    taken: list[ConsumerLock] = []
+    try:
+        for lease in leases:
+            lease.acquire()  # LockHeld: a consumer runs there
+            taken.append(lease)
+            lease.start_renewal()
+        _check_empty(client, new_prefix, new.lock)
+        return _copy(client, old, new, topic)
+    finally:
+        for lease in reversed(taken):
+            lease.release()
+
+
+def _check_empty(client: redis.Redis, prefix: str, own_lock: str) -> None:
+    with redis_errors("checking the new prefix"):
+        for key in client.scan_iter(match=f"{_glob_escaped(prefix)}*", count=1000):
+            if key.decode() != own_lock:
+                raise ConfigError(f"the new prefix {prefix!r} already holds data "
+                                  f"({key.decode()!r}); delete it first")
+
+
+def _glob_escaped(text: str) -> str:
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
+
+
+def _copy(client: redis.Redis, old: Keys, new: Keys, topic: str) -> RekeyReport:
+    state = load_stored(client, old, topic)
+    num_ids = len(state.urls)
+    with redis_errors("reading the titles"), stored_data("reading the titles"):
+        raw_titles: Any = client.hgetall(old.page_title)
+        titles: dict[int, bytes] = {int(k): v for k, v in raw_titles.items()}
+    live = np.ones(num_ids, dtype=bool)
+    live[state.removed] = False
+    keep = live.copy()
+    remembered = [page for page in (*state.last_ts, *titles) if 0 <= page < num_ids]
+    keep[remembered] = True
+    new_id = np.full(num_ids, -1, dtype=np.int64)
+    new_id[keep] = np.arange(int(keep.sum()))
+    if (new_id[state.edge_src] < 0).any() or (new_id[state.edge_dst] < 0).any():
+        raise ServiceError(f"{old.prefix}out:* links a removed page: not written by rankstream")
+    kept = np.flatnonzero(keep)
+    counters = state.counters
+    report = RekeyReport(ids_before=num_ids, ids_after=int(kept.size),
+                         pages=int(live.sum()), links=int(state.edge_src.size), terms=0)
+    with redis_errors("writing the new prefix"):
+        _write(client, _graph_commands(new, state, kept, new_id, titles))
+        report.terms = _copy_terms(client, old, new, new_id)
+        _copy_as_is(client, [old.offsets, *(f(a) for a in ALGORITHMS
+                                            for f in (old.scores, old.meta))],
+                    old.prefix, new.prefix)
+        fields = {**counters.as_mapping(), "ids": report.ids_after,
+                  LAYOUT_FIELD: LAYOUT_VERSION}
+        client.hset(new.graph, mapping=fields)  # type: ignore[arg-type]  # last
+    log.info("rekeyed", extra={"fields": vars(report)})
+    return report
+
+
+def _graph_commands(new: Keys, state: Any, kept: np.ndarray, new_id: np.ndarray,
+                    titles: dict[int, bytes]) -> Iterator[tuple[Any, ...]]:
+    removed = set(state.removed.tolist())
+    for old_page in kept.tolist():
+        page, url = int(new_id[old_page]), state.urls[old_page]
+        yield ("hset", new.page_id, url, page)
+        yield ("hset", new.page_url, page, url)
+        if old_page in state.last_ts:
+            yield ("hset", new.page_ts, page, state.last_ts[old_page])
+        if old_page in titles:
+            yield ("hset", new.page_title, page, titles[old_page])
+        if old_page in removed:
+            yield ("sadd", new.page_removed, page)
+    src, dst = new_id[state.edge_src], new_id[state.edge_dst]
+    order = np.argsort(src, kind="stable")
+    for start, end in _runs(src[order]):
+        yield ("sadd", new.out_links(int(src[order[start]])), *dst[order[start:end]].tolist())
+    order = np.argsort(dst, kind="stable")
+    for start, end in _runs(dst[order]):
+        yield ("sadd", new.in_links(int(dst[order[start]])), *src[order[start:end]].tolist())
+    if state.crawled is not None and kept.size:
+        yield ("set", new.page_crawled, crawled_bitmap(state.crawled[kept]))
+
+
+def _runs(values: np.ndarray) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each run of equal values."""
+    if values.size == 0:
+        return
+    starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
+    yield from zip(starts.tolist(), np.r_[starts[1:], values.size].tolist(), strict=True)
+
+
+def _write(client: redis.Redis, commands: Iterator[tuple[Any, ...]]) -> None:
+    pipe = client.pipeline(transaction=False)
+    queued = 0
+    for command in commands:
+        pipe.execute_command(command[0].upper(), *command[1:])
+        queued += 1
+        if queued == WRITE_CHUNK:
+            pipe.execute()
+            queued = 0
+    if queued:
+        pipe.execute()
+
+
+def _copy_terms(client: redis.Redis, old: Keys, new: Keys, new_id: np.ndarray) -> int:
+    """The text index with its ids renumbered; postings of left-out pages dropped."""
+    head = f"{old.prefix}term:"
+    copied = 0
+    for key in client.scan_iter(match=f"{_glob_escaped(head)}*", count=1000):
+        members = np.array([int(m) for m in client.smembers(key)], dtype=np.int64)
+        members = members[(members >= 0) & (members < new_id.size)]
+        ids = new_id[members]
+        ids = ids[ids >= 0]
+        if ids.size:
+            term = key.decode()[len(head):]
+            client.sadd(f"{new.prefix}term:{term}", *ids.tolist())
+            copied += 1
+    return copied
+
+
+def _copy_as_is(client: redis.Redis, keys: Sequence[str], old_prefix: str,
+                new_prefix: str) -> None:
+    """Keys without page ids (offsets, scores by URL, meta): DUMP and RESTORE."""
+    for key in keys:
+        payload = client.dump(key)
+        if payload is not None:
+            client.restore(new_prefix + key[len(old_prefix):], 0, payload)
