@@ -19,6 +19,9 @@ ALGORITHMS: tuple[str, ...] = ("pagerank", "wpr")
 # without the field is layout 1: it was written before the field existed.
 LAYOUT_VERSION = 1
 LAYOUT_FIELD = "layout"
+# Set in P graph from the first write of `rankstream rekey` to its last: a copy cut
+# short is refused by every reader and consumer (consumer.redis_store.check_layout).
+UNFINISHED_FIELD = "rekey_unfinished"
 
 
 def check_layout_value(keys: Keys, raw: bytes | str | None) -> None:

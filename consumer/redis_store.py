@@ -21,7 +21,13 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from consumer.graph_write import GraphCounters
-from consumer.keys import ALGORITHMS, LAYOUT_FIELD, Keys, check_layout_value
+from consumer.keys import (
+    ALGORITHMS,
+    LAYOUT_FIELD,
+    UNFINISHED_FIELD,
+    Keys,
+    check_layout_value,
+)
 from consumer.resp import read_sets, transient_refusal
 from rankstream.errors import ConfigError, ServiceError, ServiceUnavailable
 from rankstream.settings import Settings
@@ -144,8 +150,11 @@ def check_layout(client: redis.Redis, keys: Keys) -> None:
     database, or data written before the field existed) is this layout. Works with
     any client (``decode_responses`` or not): readers of the library may pass theirs."""
     with redis_errors("reading the key layout version"):
-        raw: Any = client.hget(keys.graph, LAYOUT_FIELD)
+        raw, unfinished = client.hmget(keys.graph, [LAYOUT_FIELD, UNFINISHED_FIELD])
     check_layout_value(keys, raw)
+    if unfinished is not None:
+        raise ConfigError(f"the graph under {keys.prefix!r} is an unfinished `rankstream "
+                          "rekey` (cut short): delete its keys and run rekey again")
 
 
 @contextlib.contextmanager

@@ -15,12 +15,22 @@ index, the offsets, the counters and the published scores (ZSETs and meta, keyed
 URL, copied as they are) under ``NEW_PREFIX``. The consumer, pointed at the new
 prefix (``RANKSTREAM_KEY_PREFIX``), carries on from the same Kafka offsets.
 
+A left-out URL is as if never seen: should it come back (a new link to it), it is a
+new page, without the anchor-text terms and the ``ts`` the old prefix still held for
+it (a ``page_removed`` of it with a ts followed by an older crawl is then applied,
+not ignored). That is the price of forgetting it.
+
 Safety: both leases (``P lock`` of the old and the new prefix) are held while it
 runs, so no consumer writes either meanwhile (one running on the old prefix makes
-the command refuse); the new prefix must hold no key at all; ``P graph``, which a
-consumer needs to start, is written last, so a copy cut short leaves a prefix no
-consumer starts on, to delete and redo. The old prefix is left untouched: delete it
-once the consumer runs on the new one.
+the command refuse), and the copy checks at its end that the old prefix did not move
+(its ``P graph`` and ``P offsets`` as read at the start, both leases still ours). The
+new prefix must hold no key at all. Its first write marks ``P graph`` unfinished,
+which every reader and consumer refuses (:func:`consumer.redis_store.check_layout`);
+one transaction at the end writes the offsets and the counters and lifts the mark,
+so a copy cut short leaves a prefix nobody uses, to delete and redo. Only commands
+the least-privilege user of docs/reliability.md may run (``COPY``, not
+``DUMP``/``RESTORE``). The old prefix is left untouched: delete it once the consumer
+runs on the new one, and keep any consumer of the old prefix stopped until then.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from consumer.keys import ALGORITHMS, LAYOUT_FIELD, LAYOUT_VERSION, Keys
+from consumer.keys import ALGORITHMS, LAYOUT_FIELD, LAYOUT_VERSION, UNFINISHED_FIELD, Keys
 from consumer.lock import ConsumerLock
 from consumer.redis_store import (
     check_layout,
@@ -81,7 +91,7 @@ def rekey(client: redis.Redis, old_prefix: str, new_prefix: str, topic: str, *,
             taken.append(lease)
             lease.start_renewal()
         _check_empty(client, new_prefix, new.lock)
-        return _copy(client, old, new, topic)
+        return _copy(client, old, new, topic, leases)
     finally:
         for lease in reversed(taken):
             lease.release()
@@ -99,7 +109,17 @@ def _glob_escaped(text: str) -> str:
     return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
-def _copy(client: redis.Redis, old: Keys, new: Keys, topic: str) -> RekeyReport:
+def _copy(client: redis.Redis, old: Keys, new: Keys, topic: str,
+          leases: Sequence[ConsumerLock]) -> RekeyReport:
+    with redis_errors("reading the graph"):
+        graph_hash: Any = client.hgetall(old.graph)
+        offsets_hash: Any = client.hgetall(old.offsets)
+    before = (graph_hash, offsets_hash)
+    if not before[0]:
+        raise ConfigError(f"nothing to copy: no graph under {old.prefix!r} "
+                          f"({old.graph} is absent)")
+    with redis_errors("writing the new prefix"):
+        client.hset(new.graph, mapping={UNFINISHED_FIELD: 1, LAYOUT_FIELD: LAYOUT_VERSION})
     state = load_stored(client, old, topic)
     num_ids = len(state.urls)
     with redis_errors("reading the titles"), stored_data("reading the titles"):
@@ -121,12 +141,23 @@ def _copy(client: redis.Redis, old: Keys, new: Keys, topic: str) -> RekeyReport:
     with redis_errors("writing the new prefix"):
         _write(client, _graph_commands(new, state, kept, new_id, titles))
         report.terms = _copy_terms(client, old, new, new_id)
-        _copy_as_is(client, [old.offsets, *(f(a) for a in ALGORITHMS
-                                            for f in (old.scores, old.meta))],
-                    old.prefix, new.prefix)
+        for name in (f(a) for a in ALGORITHMS for f in (old.scores, old.meta)):
+            # Scores are keyed by URL: as they are. COPY, not DUMP/RESTORE, which the
+            # least-privilege user may not run (@dangerous).
+            client.copy(name, new.prefix + name[len(old.prefix):])
+        after = (client.hgetall(old.graph), client.hgetall(old.offsets))
+        if after != before or any(lease.lost.is_set() for lease in leases):
+            raise ServiceError(f"the graph under {old.prefix!r} changed during the copy "
+                               "(a consumer wrote it, or a lease expired): delete the keys "
+                               f"under {new.prefix!r} and run rekey again")
         fields = {**counters.as_mapping(), "ids": report.ids_after,
                   LAYOUT_FIELD: LAYOUT_VERSION}
-        client.hset(new.graph, mapping=fields)  # type: ignore[arg-type]  # last
+        with client.pipeline(transaction=True) as pipe:  # the last write, all at once
+            if offsets_hash:
+                pipe.hset(new.offsets, mapping=offsets_hash)
+            pipe.hset(new.graph, mapping=fields)  # type: ignore[arg-type]
+            pipe.hdel(new.graph, UNFINISHED_FIELD)
+            pipe.execute()
     log.info("rekeyed", extra={"fields": vars(report)})
     return report
 
@@ -190,12 +221,3 @@ def _copy_terms(client: redis.Redis, old: Keys, new: Keys, new_id: np.ndarray) -
             client.sadd(f"{new.prefix}term:{term}", *ids.tolist())
             copied += 1
     return copied
-
-
-def _copy_as_is(client: redis.Redis, keys: Sequence[str], old_prefix: str,
-                new_prefix: str) -> None:
-    """Keys without page ids (offsets, scores by URL, meta): DUMP and RESTORE."""
-    for key in keys:
-        payload = client.dump(key)
-        if payload is not None:
-            client.restore(new_prefix + key[len(old_prefix):], 0, payload)

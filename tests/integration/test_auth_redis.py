@@ -6,7 +6,9 @@ and two ACL users that may only touch keys under their own prefix:
 * ``ranker`` may run the commands the consumer needs, scripting included (the
   default bulk writes are ``EVAL`` scripts; Redis checks the key pattern on every
   ``redis.call`` inside them);
-* ``plain`` has no scripting at all: the consumer runs with ``--plain-writes``.
+* ``plain`` has no scripting at all: the consumer runs with ``--plain-writes``;
+* ``rekeyer`` is ``ranker`` over two prefixes: ``rankstream rekey`` copies from one to
+  the other with nothing @dangerous (it used DUMP/RESTORE, a review found).
 
 Both must consume a log correctly, neither may reach a key outside its prefix, and
 the password (given as a setting, a SecretStr, or inside the Redis URL) must never
@@ -39,6 +41,8 @@ PASSWORD = "s3cret-" + uuid.uuid4().hex  # unique: grep-able in any output
 USER_PASSWORD = "acl-" + uuid.uuid4().hex
 PREFIX = f"authz:{uuid.uuid4().hex[:8]}:"
 PLAIN_PREFIX = f"authz-plain:{uuid.uuid4().hex[:8]}:"
+# Under PREFIX (the server holds keys under the two prefixes above only), side by side.
+REKEY_FROM, REKEY_TO = f"{PREFIX}from:", f"{PREFIX}to:"
 # What a consumer needs: data commands, transactions, connection setup (HELLO,
 # CLIENT SETNAME), key expiry and deletion for the lease; nothing @dangerous.
 BASE_RULES = "resetchannels -@all +@read +@write +@transaction +@connection +@keyspace " \
@@ -56,7 +60,9 @@ class AuthRedis:
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthRedis]:
     users = (AclUser("ranker", USER_PASSWORD, f"resetkeys ~{PREFIX}* {BASE_RULES} +@scripting"),
              AclUser("plain", USER_PASSWORD, f"resetkeys ~{PLAIN_PREFIX}* {BASE_RULES} "
-                                             "-@scripting"))
+                                             "-@scripting"),
+             AclUser("rekeyer", USER_PASSWORD, f"resetkeys ~{REKEY_FROM}* ~{REKEY_TO}* "
+                                               f"{BASE_RULES} +@scripting"))
     server = auth_redis(tmp_path_factory.mktemp("auth-redis"), free_port(), PASSWORD, users)
     start_redis(server)
     try:
@@ -120,6 +126,31 @@ def test_acl_user_limited_to_the_prefix_consumes_a_log(
                 own.eval("return 1", 0)
     finally:
         own.close()
+
+
+def test_rekey_runs_as_a_user_without_dangerous_commands(secured: AuthRedis) -> None:
+    from consumer.rekey import rekey
+    from tests.integration.conftest import HandGraph
+
+    client = admin(secured)
+    own = redis_py.Redis(host=secured.host, port=secured.port, username="rekeyer",
+                         password=USER_PASSWORD)
+    try:
+        HandGraph(client, REKEY_FROM).write(
+            [("https://a.example/", "https://b.example/")], titles={"https://b.example/": "b"},
+            pagerank={"https://a.example/": 0.15, "https://b.example/": 0.28})
+        client.hset(f"{REKEY_FROM}meta:pagerank", mapping={"total": 0.43, "bound": 1e-9})
+        report = rekey(own, REKEY_FROM, REKEY_TO, "t")
+        assert (report.ids_after, report.links) == (2, 1)
+        assert client.zrange(f"{REKEY_TO}scores:pagerank", 0, -1) == [
+            b"https://a.example/", b"https://b.example/"]
+        assert client.hget(f"{REKEY_TO}graph", "rekey_unfinished") is None
+    finally:
+        for prefix in (REKEY_FROM, REKEY_TO):
+            for key in client.scan_iter(match=f"{prefix}*", count=1000):
+                client.delete(key)
+        own.close()
+        client.close()
 
 
 def test_password_in_the_url_is_never_logged(secured: AuthRedis, isolated: Isolated) -> None:

@@ -14,7 +14,7 @@ from consumer.hits_query import HitsQuery, run_hits
 from consumer.keys import ALGORITHMS, Keys
 from consumer.lock import ConsumerLock, LockHeld
 from consumer.rekey import rekey
-from rankstream.errors import ConfigError
+from rankstream.errors import ConfigError, ServiceError
 from rankstream.services.testing import delete_keys, redis_client
 from rankstream.settings import Settings
 from tests.faults.harness import exact_scores, index_problems, stored_graph
@@ -148,3 +148,50 @@ def test_rekey_refuses_a_running_consumer_and_a_prefix_in_use(graph: Any) -> Non
         assert client.get(Keys(prefix).lock) is None
     finally:
         client.delete(target + "stray")
+
+
+def test_a_copy_cut_short_is_refused_by_consumers_and_readers(one_partition: Settings,
+                                                              monkeypatch: Any) -> None:
+    """P graph is marked unfinished by the copy's first write: a consumer started on a
+    half-copied prefix re-read the topic from offset 0 (no P offsets yet), a review
+    found. The old prefix moving during the copy is refused too."""
+    import consumer.rekey as rekey_module
+    from consumer.options import ConsumeOptions
+    from consumer.redis_store import check_layout
+    from consumer.service import ConsumerService
+
+    settings = one_partition
+    new = settings.model_copy(update={"key_prefix": settings.key_prefix[:-1] + "-cut:"})
+    client = redis_client(settings)
+    try:
+        with pytest.raises(ConfigError, match="nothing to copy: no graph under"):
+            rekey(client, settings.key_prefix, new.key_prefix, settings.topic)
+        assert not list(client.scan_iter(match=f"{new.key_prefix}*"))
+        publish(settings, _crawls(1, 1_000))
+        consume(settings)
+
+        def cut_short(*_args: Any) -> int:
+            raise RuntimeError("killed mid-copy")
+
+        monkeypatch.setattr(rekey_module, "_copy_terms", cut_short)
+        with pytest.raises(RuntimeError, match="killed mid-copy"):
+            rekey(client, settings.key_prefix, new.key_prefix, settings.topic)
+        with pytest.raises(ConfigError, match="unfinished `rankstream rekey`"):
+            check_layout(client, Keys(new.key_prefix))
+        with pytest.raises(ConfigError, match="unfinished"):
+            ConsumerService(new, ConsumeOptions(until_caught_up=True)).run()
+        assert client.hlen(Keys(new.key_prefix).offsets) == 0  # nothing to resume from
+        delete_keys(settings, new.key_prefix)
+
+        def moved(client_: Any, old: Keys, *_args: Any) -> int:
+            client_.hincrby(old.graph, "version", 1)  # a consumer that ignored the lease
+            return 0
+
+        monkeypatch.setattr(rekey_module, "_copy_terms", moved)
+        with pytest.raises(ServiceError, match="changed during the copy"):
+            rekey(client, settings.key_prefix, new.key_prefix, settings.topic)
+        with pytest.raises(ConfigError, match="unfinished"):
+            check_layout(client, Keys(new.key_prefix))
+    finally:
+        client.close()
+        delete_keys(settings, new.key_prefix)
