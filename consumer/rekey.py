@@ -114,8 +114,7 @@ def _copy(client: redis.Redis, old: Keys, new: Keys, topic: str,
     with redis_errors("reading the graph"):
         graph_hash: Any = client.hgetall(old.graph)
         offsets_hash: Any = client.hgetall(old.offsets)
-    before = (graph_hash, offsets_hash)
-    if not before[0]:
+    if not graph_hash:
         raise ConfigError(f"nothing to copy: no graph under {old.prefix!r} "
                           f"({old.graph} is absent)")
     with redis_errors("writing the new prefix"):
@@ -146,7 +145,7 @@ def _copy(client: redis.Redis, old: Keys, new: Keys, topic: str,
             # least-privilege user may not run (@dangerous).
             client.copy(name, new.prefix + name[len(old.prefix):])
         after = (client.hgetall(old.graph), client.hgetall(old.offsets))
-        if after != before or any(lease.lost.is_set() for lease in leases):
+        if after != (graph_hash, offsets_hash) or any(lease.lost.is_set() for lease in leases):
             raise ServiceError(f"the graph under {old.prefix!r} changed during the copy "
                                "(a consumer wrote it, or a lease expired): delete the keys "
                                f"under {new.prefix!r} and run rekey again")
