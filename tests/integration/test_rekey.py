@@ -195,3 +195,24 @@ def test_a_copy_cut_short_is_refused_by_consumers_and_readers(one_partition: Set
     finally:
         client.close()
         delete_keys(settings, new.key_prefix)
+
+
+def test_the_rekey_command_says_what_it_kept_and_what_to_do_next(
+        graph: Any, services: Settings, monkeypatch: Any, capsys: Any) -> None:
+    from rankstream.cli import main
+    from tests.faults.stack import settings_env
+
+    graph.write([("https://a.example/", "https://b.example/")])
+    target = graph.prefix[:-1] + "-cli:"
+    env = settings_env(services.model_copy(update={"key_prefix": graph.prefix}))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    try:
+        assert main(["rekey", target]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"copied {graph.prefix!r} to {target!r}: 2 page ids -> 2 ")
+        assert f"RANKSTREAM_KEY_PREFIX={target}" in out
+        assert main(["rekey", target]) == 2  # the new prefix is in use now
+        assert "already holds data" in capsys.readouterr().err
+    finally:
+        delete_keys(services, target)
