@@ -116,6 +116,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from producer.schema import Limits
     from ranker import LinkGraph, LiveRanks, hits, pagerank, weighted_pagerank
     from ranker.bounds import MIN_TOLERANCE, static_tolerance, tolerance_floor
+    from ranker.incremental import check_tolerance
 
     _check(args)
     limits = Limits.from_settings(settings)
@@ -141,9 +142,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     crawled[[page for page in map(graph.id_of, set(sources)) if page is not None]] = True
 
     if args.algorithm == "hits":
-        for batch in _edge_batches(graph, crawled, args, limits, tally):
-            graph.apply(batch)
-        _report_events(args, tally)
+        _apply_events(graph, crawled, args, limits, tally)
         result = hits(graph.to_csr(), tol=tolerance, max_iter=settings.max_iter)
         if args.verify:
             # Said rather than skipped silently: there is no incremental HITS, so the
@@ -156,9 +155,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
 
     if args.teleport is not None:
-        for batch in _edge_batches(graph, crawled, args, limits, tally):
-            graph.apply(batch)
-        _report_events(args, tally)
+        check_tolerance(tolerance, damping)  # before the events: the plain path's floor
+        _apply_events(graph, crawled, args, limits, tally)
         return _rank_with_teleport(graph, args, damping=damping, tolerance=tolerance,
                                    max_iter=settings.max_iter)
 
@@ -258,7 +256,8 @@ def _rank_with_teleport(graph: LinkGraph, args: argparse.Namespace, *, damping: 
 
 def _teleport_solve(matrix: sp.csr_array, teleport: np.ndarray, alive: np.ndarray, *,
                     damping: float, tolerance: float, max_iter: int) -> RankResult:
-    """A static solve whose certified bound is at most ``tolerance * sum(y)``.
+    """A static solve whose certified bound is at most ``tolerance * sum(y)``
+    (``tolerance`` at least the floor: :func:`ranker.incremental.check_tolerance`).
 
     The static solver takes an absolute bound, and a topic's ``sum(y)`` is only known
     to lie between ``sum(b) = (1 - d) * live pages`` and ``live pages``. Aiming at the
@@ -270,9 +269,7 @@ def _teleport_solve(matrix: sp.csr_array, teleport: np.ndarray, alive: np.ndarra
     """
     from ranker import pagerank
     from ranker.bounds import static_tolerance
-    from ranker.incremental import check_tolerance
 
-    check_tolerance(tolerance, damping)  # the floor and message of the plain path
     live = int(alive.sum())
     tol = max(tolerance * (1.0 - damping) * live, static_tolerance(live, damping))
     result = pagerank(matrix, damping=damping, tol=tol, teleport=teleport, alive=alive,
@@ -323,6 +320,14 @@ def _edge_batches(
         tally["applied"] += applied.applied
         tally["stale"] += applied.stale_ignored
         yield applied.batch
+
+
+def _apply_events(graph: LinkGraph, crawled: np.ndarray, args: argparse.Namespace,
+                  limits: Limits, tally: dict[str, int]) -> None:
+    """The event log applied to the graph alone (no engine: HITS, --teleport)."""
+    for batch in _edge_batches(graph, crawled, args, limits, tally):
+        graph.apply(batch)
+    _report_events(args, tally)
 
 
 def _report_events(args: argparse.Namespace, tally: dict[str, int]) -> None:
