@@ -46,6 +46,7 @@ import redis
 from consumer.keys import ALGORITHMS, LAYOUT_FIELD, LAYOUT_VERSION, UNFINISHED_FIELD, Keys
 from consumer.lock import ConsumerLock
 from consumer.redis_store import (
+    StoredState,
     check_layout,
     crawled_bitmap,
     load_stored,
@@ -161,7 +162,7 @@ def _copy(client: redis.Redis, old: Keys, new: Keys, topic: str,
     return report
 
 
-def _graph_commands(new: Keys, state: Any, kept: np.ndarray, new_id: np.ndarray,
+def _graph_commands(new: Keys, state: StoredState, kept: np.ndarray, new_id: np.ndarray,
                     titles: dict[int, bytes]) -> Iterator[tuple[Any, ...]]:
     removed = set(state.removed.tolist())
     for old_page in kept.tolist():
