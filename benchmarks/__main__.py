@@ -1,6 +1,6 @@
 """``python -m benchmarks NAME [ARGS...]`` (what ``./run bench NAME`` calls).
 
-NAME is ranker, pipeline or hits; ARGS go to that benchmark (``--help`` lists them).
+NAME is ranker, pipeline, hits or text; ARGS go to that benchmark (``--help`` lists them).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import importlib
 import sys
 
 BENCHMARKS = {"ranker": "benchmarks.bench_ranker", "pipeline": "benchmarks.bench_pipeline",
-              "hits": "benchmarks.bench_hits"}
+              "hits": "benchmarks.bench_hits", "text": "benchmarks.bench_text_index"}
 
 
 def main(argv: list[str]) -> int:

@@ -8,7 +8,9 @@ Exactly-once rests on two facts:
    (:func:`commit_graph`). Redis applies all of it or none of it, so the stored
    offsets always describe exactly the events the stored graph contains.
 2. Every write is idempotent: set semantics (SADD/SREM), absolute values (HSET of
-   counters computed from the mirror, never HINCRBY). Re-sending the same
+   counters computed from the mirror, never HINCRBY), and the term index's script
+   diffs against what Redis holds (run twice, the second finds nothing to change,
+   :mod:`consumer.text_postings`). Re-sending the same
    transaction after a connection error whose first attempt did commit changes
    nothing, so the retry loop simply repeats it.
 
@@ -18,8 +20,9 @@ Python client more than Redis needs to run them. So the adjacency is grouped by 
 with numpy, encoded as RESP by a compiled loop (:func:`consumer.resp.set_commands`)
 and the whole transaction is sent raw (:func:`consumer.resp.transaction`); why not
 a server-side script is measured in :mod:`consumer.resp`. ``bulk=False`` only
-changes the id maps of new pages: plain ``HSET`` instead of one ``EVAL`` (for
-deployments whose ACL forbids scripting).
+changes the id maps of new pages (plain ``HSET`` instead of one ``EVAL``) and the
+term index (additions only, :func:`consumer.text_postings.index_commands`), for
+deployments whose ACL forbids scripting.
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ import redis
 
 from consumer.keys import LAYOUT_FIELD, LAYOUT_VERSION, Keys, check_layout_value
 from consumer.resp import command, pooled_connection, set_commands, transaction
+from consumer.text_postings import index_commands
 from ranker.edge_batches import pair_keys, sorted_unique, split_pair_keys
 from rankstream.errors import ServiceError
+from rankstream.text_changes import TextChanges
 
 HSET_CHUNK = 1000  # field/value pairs per HSET
 BITFIELD_CHUNK = 1000  # bits set per BITFIELD
@@ -128,8 +133,7 @@ class GraphWrite:
     insert_dst: np.ndarray = field(default_factory=lambda: _EMPTY)
     ts_updates: Mapping[int, int] = field(default_factory=dict)
     titles: Mapping[int, str] = field(default_factory=dict)
-    earlier_titles: Sequence[tuple[int, str]] = ()  # indexed only (AppliedEvents)
-    anchors: Sequence[tuple[int, int, str]] = ()
+    anchors: TextChanges = field(default_factory=TextChanges)
     crawled_changes: Mapping[int, bool] = field(default_factory=dict)
     crawled_bitmap: bytes | None = None
     """The whole ``page:crawled`` bitmap, written before ``crawled_changes``: once, by
@@ -349,13 +353,9 @@ def commit_graph(client: redis.Redis, keys: Keys, write: GraphWrite, *,
     writes. Connection errors propagate untranslated (the caller retries the
     identical write); an error reply raises :class:`consumer.resp.TransactionFailed`.
     """
-    from consumer.text_index import postings_commands
-
     payload, count = adjacency_payload(keys, write)
     others = bookkeeping_commands(keys, write, bulk=bulk)
-    if write.titles or write.earlier_titles or write.anchors:
-        others = postings_commands(keys.prefix, [*write.titles.items(), *write.earlier_titles],
-                                   write.anchors) + others
+    others[:0] = index_commands(keys, write.titles, write.anchors, scripted=bulk)
     payload.extend(command(*cmd) for cmd in others)
     count += len(others)
     with contextlib.ExitStack() as stack:

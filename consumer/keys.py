@@ -68,6 +68,11 @@ class Keys:
         return f"{self.prefix}page:title"
 
     @property
+    def page_terms(self) -> str:
+        """HASH page id -> the index terms it gives each page (consumer.text_postings)."""
+        return f"{self.prefix}page:terms"
+
+    @property
     def page_removed(self) -> str:
         """SET of ids of removed pages (ids are never reused; a later event revives)."""
         return f"{self.prefix}page:removed"

@@ -210,7 +210,6 @@ class Mirror:
             insert_dst=planned.insert_dst,
             ts_updates=applied.ts_updates,
             titles=applied.titles,
-            earlier_titles=applied.earlier_titles,
             anchors=applied.anchors,
             crawled_changes=applied.crawled_changes,
             crawled_bitmap=(crawled_bitmap(self.applier.crawled) if self.crawled_unwritten

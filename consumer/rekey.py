@@ -16,9 +16,10 @@ URL, copied as they are) under ``NEW_PREFIX``. The consumer, pointed at the new
 prefix (``RANKSTREAM_KEY_PREFIX``), carries on from the same Kafka offsets.
 
 A left-out URL is as if never seen: should it come back (a new link to it), it is a
-new page, without the anchor-text terms and the ``ts`` the old prefix still held for
-it (a ``page_removed`` of it with a ts followed by an older crawl is then applied,
-not ignored). That is the price of forgetting it.
+new page (a ``page_removed`` of it with a ts followed by an older crawl is then
+applied, not ignored, where the old prefix would have recorded that ts). That is the
+price of forgetting it. (The anchors into it went with its in-links before it could
+be left out: the term index holds only anchors of live links.)
 
 Safety: both leases (``P lock`` of the old and the new prefix) are held while it
 runs, so no consumer writes either meanwhile (one running on the old prefix makes
@@ -53,6 +54,7 @@ from consumer.redis_store import (
     redis_errors,
     stored_data,
 )
+from consumer.text_postings import termcount_key
 from rankstream.errors import ConfigError, ServiceError
 
 log = logging.getLogger("rankstream.rekey")
@@ -208,7 +210,8 @@ def _write(client: redis.Redis, commands: Iterator[tuple[Any, ...]]) -> None:
 
 
 def _copy_terms(client: redis.Redis, old: Keys, new: Keys, new_id: np.ndarray) -> int:
-    """The text index with its ids renumbered; postings of left-out pages dropped."""
+    """The text index with its ids renumbered (postings, their extra-source counts and
+    each page's contributions, consumer/text_postings.py); left-out pages dropped."""
     head = f"{old.prefix}term:"
     copied = 0
     for key in client.scan_iter(match=f"{_glob_escaped(head)}*", count=1000):
@@ -219,5 +222,34 @@ def _copy_terms(client: redis.Redis, old: Keys, new: Keys, new_id: np.ndarray) -
         if ids.size:
             term = key.decode()[len(head):]
             client.sadd(f"{new.prefix}term:{term}", *ids.tolist())
+            counts: dict[str | int, bytes] = {}
+            raw_counts: Any = client.hgetall(termcount_key(old.prefix, term))
+            for counted, extra in raw_counts.items():
+                new_page = _renumbered(counted, new_id)
+                if new_page is not None:
+                    counts[new_page] = extra
+            if counts:
+                client.hset(termcount_key(new.prefix, term), mapping=counts)  # type: ignore[arg-type]
             copied += 1
+    source: bytes
+    text: bytes
+    for source, text in client.hscan_iter(old.page_terms, count=1000):
+        giver = _renumbered(source, new_id)
+        lines: list[bytes] = []
+        for line in text.split(b"\n"):
+            target, terms = line.split(b" ", 1)
+            if target == b"t":  # the title's terms
+                lines.append(line)
+            elif (new_target := _renumbered(target, new_id)) is not None:
+                lines.append(b"%d %s" % (new_target, terms))
+        if giver is not None and lines:
+            client.hset(new.page_terms, giver, b"\n".join(lines))
     return copied
+
+
+def _renumbered(page: bytes, new_id: np.ndarray) -> int | None:
+    """The new id of the stored id ``page``, or None if that page is left out."""
+    old = int(page)
+    if not 0 <= old < new_id.size or new_id[old] < 0:
+        return None
+    return int(new_id[old])

@@ -3,9 +3,11 @@
 Kleinberg's root set is "the pages relevant to the query". rankstream finds them
 in an inverted index of each page's *title* and of the *anchor text of the links
 pointing to it* (anchor text describes the target, often better than the target
-describes itself). Both arrive in ``page`` events; the consumer adds them in the
-same MULTI/EXEC transaction as the graph change (:func:`postings_commands`;
-:func:`index_text` queues the same commands on a redis-py pipeline).
+describes itself). Both arrive in ``page`` events; the consumer updates the postings in
+the same MULTI/EXEC transaction as the graph change, exactly (:mod:`consumer.text_postings`:
+a page is filed under a term while its current title or an anchor of a live link into
+it holds the term). :func:`postings_commands` and :func:`index_text` only add postings:
+``--plain-writes`` and hand-built test graphs use them.
 
 Indexing steps (the seeds' classic ones): Unicode NFKC, case folding, split into
 runs of letters and digits (underscores and punctuation separate words), drop
@@ -16,12 +18,8 @@ anchor cannot blow up Redis.
 Redis keys (prefix ``P``):
 
 ``P term:{term}``  SET of page ids (decimal strings) whose title or incoming anchor
-text contains ``term``.
-
-The index only grows: a page whose title changes, or that loses the link carrying
-an anchor, keeps its old terms (removing them would need a read inside the
-consumer's write transaction). The effect is a slightly larger candidate set for
-a query, never a wrong HITS score: HITS runs on the live links.
+text contains ``term`` (what else the consumer keeps to maintain it:
+:mod:`consumer.text_postings`).
 
 Matching (:func:`match`): ``ZUNION`` of the query terms' sets gives every matching
 page with its number of matching terms (a SET member counts 1 per key); pages are

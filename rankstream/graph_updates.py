@@ -55,6 +55,7 @@ from producer.schema import (
 )
 from ranker.edge_batches import EdgeBatch, sorted_unique
 from ranker.linkgraph import LinkGraph
+from rankstream.text_changes import AnchorChanges, TextChanges
 
 __all__ = ["NO_TS", "AppliedEvents", "EventApplier"]
 
@@ -75,13 +76,8 @@ class AppliedEvents:
     """Page id -> title of its last applied ``page`` event. A later ``page_removed`` does
     not take it back: Redis keeps the titles of removed pages (a revived page shows
     its last title again), so a batch writes what one-event batches would have."""
-    earlier_titles: list[tuple[int, str]] = field(default_factory=list)
-    """``(page id, title)`` of applied ``page`` events whose title a later one of the
-    batch replaced: not stored, but indexed, as one-event batches would have."""
-    anchors: list[tuple[int, int, str]] = field(default_factory=list)
-    """``(src id, dst id, anchor text)`` of every applied ``page`` event's links (self
-    links aside), whether or not a later event of the batch removed the link: the
-    term index only grows, so this is what one-event batches would have indexed."""
+    anchors: TextChanges = field(default_factory=TextChanges)
+    """The anchor texts the batch sets or drops (:mod:`rankstream.text_changes`)."""
     crawled_changes: dict[int, bool] = field(default_factory=dict)
     """Page id -> its new crawled flag, for pages whose flag this batch changed."""
     orphans: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
@@ -253,8 +249,9 @@ class EventApplier:
         overlay = _Overlay(graph)
         ts_updates: dict[int, int] = {}
         titles: dict[int, str] = {}
-        earlier_titles: list[tuple[int, str]] = []
-        anchors: list[tuple[int, int, str]] = []
+        first_new = overlay.first_new_id
+        anchors = AnchorChanges(lambda page: graph.in_links(page).tolist()
+                                if page < first_new else ())
         crawled: dict[int, bool] = {}  # flags set by this batch, the last one wins
         stale = 0
 
@@ -278,14 +275,10 @@ class EventApplier:
                 if event.ts is not None:
                     ts_updates[page] = event.ts
                 if event.title is not None:
-                    replaced = titles.get(page)
-                    if replaced is not None and replaced != event.title:
-                        earlier_titles.append((page, replaced))
                     titles[page] = event.title
-                if event.anchors:
-                    by_url = dict(zip(event.links, targets, strict=True))
-                    anchors.extend((page, by_url[url], text) for url, text in event.anchors
-                                   if by_url[url] != page)
+                by_url = dict(zip(event.links, targets, strict=True)) if event.anchors else {}
+                anchors.page(page, {by_url[url]: text for url, text in event.anchors
+                                    if by_url[url] != page})
             elif isinstance(event, LinkAddedEvent):
                 if event.src != event.dst:
                     src_id = intern(event.src)
@@ -295,6 +288,7 @@ class EventApplier:
                 src, dst = graph.id_of(event.src), graph.id_of(event.dst)
                 if src is not None and dst is not None and src != dst:
                     overlay.discard(src, dst)
+                    anchors.unlink(src, dst)
             elif isinstance(event, PageRemovedEvent):
                 page_or_none = graph.id_of(event.url)
                 if page_or_none is None:
@@ -305,6 +299,7 @@ class EventApplier:
                         continue
                     ts_updates[page_or_none] = event.ts
                 overlay.remove_page(page_or_none, when)
+                anchors.remove_page(page_or_none)
                 crawled[page_or_none] = False
             else:  # pragma: no cover - the schema admits no other type
                 raise TypeError(f"not an event: {event!r}")
@@ -321,14 +316,12 @@ class EventApplier:
         if orphans.size:
             batch.removed_pages = np.union1d(batch.removed_pages, orphans).astype(np.int32)
         self._record(ts_updates)
-        first_new = overlay.first_new_id
         return AppliedEvents(
             batch=batch,
             new_pages=[(page, graph.key_of(page)) for page in range(first_new, graph.num_ids)],
             ts_updates=ts_updates,
             titles=titles,
-            earlier_titles=earlier_titles,
-            anchors=anchors,
+            anchors=anchors.result(),
             crawled_changes=crawled_changes,
             orphans=orphans,
             applied=len(events) - stale,

@@ -10,8 +10,9 @@ Every scenario follows the same shape:
 3. let a consumer catch up, then :func:`audit` Redis against the graph the log
    defines (computed offline with the same event semantics): no link lost, no
    effect applied twice (counters are exact), offsets consistent in Redis, in the
-   score meta and in Kafka, every invalid message in the DLQ, and the published
-   scores within their certified bound of a cold recompute;
+   score meta and in Kafka, every invalid message in the DLQ, the published
+   scores within their certified bound of a cold recompute, and the term index
+   with its source counts equal to what the log's titles and anchors give;
 4. record a row for the summary table printed at the end of the session
    (:mod:`tests.faults.summary`).
 """
@@ -40,6 +41,7 @@ from rankstream.graph_updates import EventApplier
 from rankstream.services import kafka_client_options
 from rankstream.settings import Settings
 from tests.faults.known_log import Message
+from tests.text_index_model import Sources, model_of, stored_sources
 
 # -- replay --------------------------------------------------------------------------
 
@@ -171,6 +173,7 @@ class Expected:
     stale_ignored: int
     invalid: list[bytes]
     messages: int
+    index: Sources  # the term index: (term, URL) -> sources (tests/text_index_model.py)
 
 
 def expected_state(log: Sequence[Message], limits: Limits) -> Expected:
@@ -189,7 +192,7 @@ def expected_state(log: Sequence[Message], limits: Limits) -> Expected:
                                                                 strict=True)}
     pages = {graph.key_of(p) for p in range(graph.num_ids) if graph.is_live(p)}
     return Expected(graph, edges, pages, result.applied, result.stale_ignored, invalid,
-                    len(log))
+                    len(log), model_of(events))
 
 
 def stored_graph(client: redis_py.Redis, settings: Settings
@@ -330,8 +333,12 @@ class Audit:
         assert not self.problems, "; ".join(self.problems)
 
 
-def audit(client: redis_py.Redis, settings: Settings, log: Sequence[Message]) -> Audit:
-    """Compare Redis and Kafka with what ``log`` defines (see the module docstring)."""
+def audit(client: redis_py.Redis, settings: Settings, log: Sequence[Message], *,
+          exact_index: bool = True) -> Audit:
+    """Compare Redis and Kafka with what ``log`` defines (see the module docstring).
+
+    ``exact_index=False`` (a consumer run with ``--plain-writes``): the term index
+    must hold every posting the log defines, and may hold more (it only grows)."""
     expected = expected_state(log, Limits.from_settings(settings))
     edges, pages = stored_graph(client, settings)
     status = readers.status(client, settings.key_prefix)
@@ -382,6 +389,14 @@ def audit(client: redis_py.Redis, settings: Settings, log: Sequence[Message]) ->
         score_error=error, score_bound=bound, fresh=fresh, tolerance=settings.tolerance)
     _find_problems(result, expected, unique)
     result.problems.extend(index_problems(client, settings))
+    index = stored_sources(client, settings.key_prefix)
+    if exact_index and index != expected.index:
+        result.problems.append(
+            f"term index: {len(index - expected.index)} (term, page) sources too many, "
+            f"{len(expected.index - index)} missing")
+    elif not exact_index and set(expected.index) - set(index):
+        result.problems.append(f"term index: {len(set(expected.index) - set(index))} "
+                               "postings missing")
     return result
 
 

@@ -1,5 +1,6 @@
-"""The fault scenarios' known event log: seeded synthetic events plus odd URLs,
-re-delivered (duplicate) and stale ``page`` events, and invalid messages.
+"""The fault scenarios' known event log: seeded synthetic events (with titles and
+anchor texts) plus odd URLs, re-delivered (duplicate) and stale ``page`` events, and
+invalid messages.
 
 Built here, replayed and audited by :mod:`tests.faults.harness`, which computes the
 graph it defines offline with the same event semantics as the consumer.
@@ -52,6 +53,22 @@ def encode(event: dict[str, Any]) -> Message:
     return Message(raw, event_key(decode_event(raw)))
 
 
+# Titles and anchor texts given to the log's page events: few words, so that pages
+# share terms and a term often has several sources (the term index counts them).
+TEXT_WORDS = ("python", "tutorial", "reference", "library", "guide", "the", "Über")
+
+
+def _with_texts(event: dict[str, Any], pick: random.Random) -> dict[str, Any]:
+    """A page event given a title half the time and anchor text on 30% of its links."""
+    if event["type"] != "page":
+        return event
+    event = {**event, "links": [{"url": link, "text": " ".join(pick.sample(TEXT_WORDS, 2))}
+                                if pick.random() < 0.3 else link for link in event["links"]]}
+    if pick.random() < 0.5:
+        event["title"] = " ".join(pick.sample(TEXT_WORDS, 2))
+    return event
+
+
 def build_log(count: int, *, seed: int, removals: bool = False, duplicates: float = 0.03,
               stale: float = 0.02, invalid: float = 0.01, odd_urls: bool = True) -> list[Message]:
     """A seeded log of about ``count`` messages.
@@ -62,8 +79,9 @@ def build_log(count: int, *, seed: int, removals: bool = False, duplicates: floa
     earlier ``page`` event with a ts older than the page's newest one, ``invalid``
     inserts a message that must land in the DLQ (fractions of ``count``).
     """
-    pick = random.Random(seed)
-    events = [e for e in synthetic_event_dicts(count, seed=seed, edit_fraction=0.3)
+    pick, words = random.Random(seed), random.Random(seed + 1)
+    events = [_with_texts(e, words)
+              for e in synthetic_event_dicts(count, seed=seed, edit_fraction=0.3)
               if removals or e["type"] != "page_removed"]
     if odd_urls:
         base_ts = events[-1]["ts"] if events else 0

@@ -14,6 +14,7 @@ from consumer.hits_query import HitsQuery, run_hits
 from consumer.keys import ALGORITHMS, Keys
 from consumer.lock import ConsumerLock, LockHeld
 from consumer.rekey import rekey
+from producer.schema import make_event
 from rankstream.errors import ConfigError, ServiceError
 from rankstream.services.testing import delete_keys, redis_client
 from rankstream.settings import Settings
@@ -26,6 +27,7 @@ from tests.integration.test_consumer_pipeline import (
     publish,
     published,
 )
+from tests.text_index_model import model_of, stored_sources
 
 SITE = "https://site.example"
 
@@ -89,6 +91,10 @@ def test_rekey_keeps_the_graph_and_drops_only_the_forgotten_ids(one_partition: S
         kept = set(client.hkeys(Keys(new.key_prefix).page_id))
         assert _index(client, new.key_prefix) == _index(client, settings.key_prefix, kept)
         assert _answers(client, new.key_prefix) == _answers(client, settings.key_prefix)
+        # With its counts: the forgotten ads lost their in-links, and their anchors.
+        sources = model_of([make_event(event) for event in log])
+        assert stored_sources(client, new.key_prefix) == sources
+        assert stored_sources(client, settings.key_prefix) == sources
         for algorithm in ALGORITHMS:
             assert published(client, new.key_prefix, algorithm) == \
                 published(client, settings.key_prefix, algorithm)
@@ -118,6 +124,8 @@ def test_rekey_keeps_the_graph_and_drops_only_the_forgotten_ids(one_partition: S
         final = offline_graph(log + more)
         assert stored_graph(client, new) == graph_as_urls(final)
         assert index_problems(client, new) == []
+        assert stored_sources(client, new.key_prefix) == model_of(
+            [make_event(event) for event in log + more])
         for algorithm in ALGORITHMS:  # the scores too, within their published bound
             exact = exact_scores(final, algorithm, settings.damping)
             bound = float(client.hget(new_keys.meta(algorithm), "bound"))

@@ -11,7 +11,7 @@ from benchmarks.__main__ import BENCHMARKS, main
 def test_unknown_or_missing_benchmark_is_a_one_line_error(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "ranker, pipeline, hits" in err
+    assert err.count("\n") == 1 and "ranker, pipeline, hits, text" in err
 
 
 def test_every_benchmark_module_has_a_main():

