@@ -21,8 +21,9 @@ with numpy, encoded as RESP by a compiled loop (:func:`consumer.resp.set_command
 and the whole transaction is sent raw (:func:`consumer.resp.transaction`); why not
 a server-side script is measured in :mod:`consumer.resp`. ``bulk=False`` only
 changes the id maps of new pages (plain ``HSET`` instead of one ``EVAL``) and the
-term index (additions only, :func:`consumer.text_postings.index_commands`), for
-deployments whose ACL forbids scripting.
+term index (its diff read before the transaction instead of run in it,
+:func:`consumer.text_postings.plain_commands`), for deployments whose ACL forbids
+scripting.
 """
 
 from __future__ import annotations
@@ -355,7 +356,7 @@ def commit_graph(client: redis.Redis, keys: Keys, write: GraphWrite, *,
     """
     payload, count = adjacency_payload(keys, write)
     others = bookkeeping_commands(keys, write, bulk=bulk)
-    others[:0] = index_commands(keys, write.titles, write.anchors, scripted=bulk)
+    others[:0] = index_commands(client, keys, write.titles, write.anchors, scripted=bulk)
     payload.extend(command(*cmd) for cmd in others)
     count += len(others)
     with contextlib.ExitStack() as stack:

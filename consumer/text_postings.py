@@ -13,12 +13,15 @@ not unfile the page. Redis therefore keeps, besides the posting SETs readers que
                       ``P term:{term}``). Most postings have one source, so they cost
                       nothing here.
 
-The consumer cannot read these inside its MULTI/EXEC (and a read before it would miss
-the transaction still in flight), so the diff runs in Redis: one ``EVAL`` of
+A MULTI/EXEC cannot read, so the diff runs in Redis: one ``EVAL`` of
 :data:`POSTINGS_SCRIPT` per batch, inside the graph transaction, compares each
 changed source's new contributions with the stored ones and adds or removes exactly
-the difference. Its input is :func:`postings_command`'s text, built from the batch's
-:class:`rankstream.text_changes.TextChanges` and titles.
+the difference, with no round trip of its own. Its input is
+:func:`postings_command`'s text, built from the batch's
+:class:`rankstream.text_changes.TextChanges` and titles. Where scripts are not
+allowed (``--plain-writes``), :func:`plain_commands` reads what it needs first and
+computes the same diff in Python: 2-3 extra round trips per batch. Both are
+idempotent, so a transaction re-sent after a lost reply stays exactly-once.
 
 A prefix written by a release before this one has postings without counts or
 contributions: each such posting behaves as one source that never goes away (the
@@ -27,14 +30,16 @@ index of those releases only grew), while everything indexed since is exact.
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any
 
 from consumer.keys import Keys
-from consumer.text_index import postings_commands, tokenize
+from consumer.text_index import term_key, tokenize
 from rankstream.text_changes import TextChanges
 
-__all__ = ["POSTINGS_SCRIPT", "index_commands", "postings_command", "termcount_key"]
+__all__ = ["POSTINGS_SCRIPT", "index_commands", "plain_commands", "postings_command",
+           "termcount_key"]
 
 # ARGV: the key prefix, the P page:terms key, the changes: lines of
 #   "R {source} {keep}"          the source's contributions are replaced by the lines
@@ -151,25 +156,33 @@ def termcount_key(prefix: str, term: str) -> str:
     return f"{prefix}termcount:{term}"
 
 
-def index_commands(keys: Keys, titles: Mapping[int, str], changes: TextChanges, *,
-                   scripted: bool = True) -> list[tuple[Any, ...]]:
-    """The batch's term-index commands: one ``EVAL`` of :data:`POSTINGS_SCRIPT`.
+def index_commands(client: Any, keys: Keys, titles: Mapping[int, str],
+                   changes: TextChanges, *, scripted: bool = True) -> list[tuple[Any, ...]]:
+    """The batch's term-index commands, for its graph transaction.
 
     ``titles``: page id -> the title of its last ``page`` event in the batch (a page
     event without one keeps the stored title, and its terms).
 
-    ``scripted=False`` (``rankstream consume --plain-writes``, for a Redis user that may
-    not run scripts): only ``SADD`` s of the new texts' terms. Without a script the diff
-    against what Redis stored cannot run inside the transaction, so under that option
-    the index only grows, as it did before this module: a page keeps the terms of a
-    title or anchor it lost, and those postings are never counted.
+    Scripted: one ``EVAL`` of :data:`POSTINGS_SCRIPT` (``client`` is not used). With
+    ``scripted=False`` (``rankstream consume --plain-writes``, for a Redis user that
+    may not run scripts) the same diff runs here instead, on what ``client`` reads
+    before the transaction (:func:`plain_commands`).
     """
     if not scripted:
-        anchors = ((source, target, text) for source, targets in changes.replaced.items()
-                   for target, text in targets.items())
-        return postings_commands(keys.prefix, titles, anchors)
+        return plain_commands(client, keys, titles, changes)
     command = postings_command(keys, titles, changes)
     return [] if command is None else [command]
+
+
+def _lines(source: int, title: str | None, anchors: Mapping[int, str]) -> list[str]:
+    """A source's contributions in their canonical (stored) form, title line first."""
+    lines = []
+    if title is not None and (terms := tokenize(title)):
+        lines.append(f"t {' '.join(sorted(terms))}")
+    for target in sorted(anchors):
+        if target != source and (terms := tokenize(anchors[target])):
+            lines.append(f"{target} {' '.join(sorted(terms))}")
+    return lines
 
 
 def postings_command(keys: Keys, titles: Mapping[int, str],
@@ -179,11 +192,7 @@ def postings_command(keys: Keys, titles: Mapping[int, str],
     for source, anchors in changes.replaced.items():
         title = titles.get(source)
         lines.append(f"R {source} {0 if title is not None else 1}")
-        if title is not None and (terms := tokenize(title)):
-            lines.append(f"t {' '.join(sorted(terms))}")
-        for target in sorted(anchors):
-            if target != source and (terms := tokenize(anchors[target])):
-                lines.append(f"{target} {' '.join(sorted(terms))}")
+        lines.extend(_lines(source, title, anchors))
     for source, targets in changes.dropped.items():
         drop = sorted(target for target in targets if target != source)
         if drop:
@@ -191,3 +200,84 @@ def postings_command(keys: Keys, titles: Mapping[int, str],
     if not lines:
         return None
     return ("EVAL", POSTINGS_SCRIPT, 0, keys.prefix, keys.page_terms, "\n".join(lines))
+
+
+def _parsed(source: int, text: str) -> set[tuple[str, int]]:
+    """``(term, target)`` pairs of a source's stored contributions."""
+    pairs: set[tuple[str, int]] = set()
+    for line in text.split("\n") if text else ():
+        head, *terms = line.split(" ")
+        target = source if head == "t" else int(head)
+        pairs.update((term, target) for term in terms)
+    return pairs
+
+
+def plain_commands(client: Any, keys: Keys, titles: Mapping[int, str],
+                   changes: TextChanges) -> list[tuple[Any, ...]]:
+    """:data:`POSTINGS_SCRIPT`'s diff without a script: read, then absolute writes.
+
+    Reads the changed sources' stored contributions, then the membership and count
+    of every (term, page) whose number of sources changes, and returns plain
+    commands that write the results as values (``SADD``/``SREM``, ``HSET``/``HDEL``).
+    Run before the transaction, on the consumer's own keys (no one else writes them
+    while it holds the lease; its transaction WATCHes ``P graph``), and again from
+    scratch on a retry: a re-sent transaction whose first attempt committed finds
+    nothing left to change.
+    """
+    sources = [*changes.replaced, *changes.dropped]
+    if not sources:
+        return []
+    raw = client.hmget(keys.page_terms, sources)
+    stored = {source: value.decode() if value else "" for source, value
+              in zip(sources, raw, strict=True)}
+    texts: dict[int, str] = {}
+    for source, anchors in changes.replaced.items():
+        title = titles.get(source)
+        lines = _lines(source, title, anchors)
+        if title is None and stored[source].startswith("t "):
+            lines.insert(0, stored[source].split("\n", 1)[0])
+        texts[source] = "\n".join(lines)
+    for source, targets in changes.dropped.items():
+        drop = {str(target) for target in targets if target != source}
+        texts[source] = "\n".join(line for line in stored[source].split("\n")
+                                  if line and line.split(" ", 1)[0] not in drop)
+    delta: Counter[tuple[str, int]] = Counter()
+    for source, text in texts.items():
+        if text != stored[source]:
+            old, new = _parsed(source, stored[source]), _parsed(source, text)
+            delta.update(new - old)
+            delta.subtract(old - new)
+    by_term: defaultdict[str, list[int]] = defaultdict(list)
+    for (term, target), change in delta.items():
+        if change:
+            by_term[term].append(target)
+    pipe = client.pipeline(transaction=False)
+    for term, pages in by_term.items():  # two reads per term, not per posting
+        pipe.smismember(term_key(keys.prefix, term), pages)
+        pipe.hmget(termcount_key(keys.prefix, term), pages)
+    replies = pipe.execute() if by_term else []
+    commands: list[tuple[Any, ...]] = []
+    for (term, pages), members, extras in zip(by_term.items(), replies[::2], replies[1::2],
+                                              strict=True):
+        filed: list[int] = []
+        unfiled: list[int] = []
+        counts: list[int] = []  # target, count, target, count...
+        uncounted: list[int] = []
+        for target, member, extra in zip(pages, members, extras, strict=True):
+            # A posting without a count is one source (also one an older release wrote).
+            after = (1 + int(extra or 0) if member else 0) + delta[(term, target)]
+            (filed if after > 0 else unfiled).append(target)
+            if after > 1:
+                counts += [target, after - 1]
+            else:
+                uncounted.append(target)
+        posting, count_key = term_key(keys.prefix, term), termcount_key(keys.prefix, term)
+        for verb, key, args in (("SADD", posting, filed), ("SREM", posting, unfiled),
+                                ("HSET", count_key, counts), ("HDEL", count_key, uncounted)):
+            if args:
+                commands.append((verb, key, *args))
+    for source, text in texts.items():
+        if text != stored[source]:
+            commands.append(("HSET", keys.page_terms, source, text) if text
+                            else ("HDEL", keys.page_terms, source))
+    return commands

@@ -22,8 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lock-ttl-ms", type=int, default=DEFAULT_TTL_MS, metavar="MS",
                         help="lease time of the single-consumer lock (renewed every ttl/3)")
     parser.add_argument("--plain-writes", action="store_true",
-                        help="no server-side scripts: plain HSETs for new pages' id maps and "
-                             "a WATCHed MULTI for the score swap (for Redis ACLs without "
+                        help="no server-side scripts: plain HSETs for new pages' id maps, "
+                             "the term index's diff read before the transaction, and a "
+                             "WATCHed MULTI for the score swap (for Redis ACLs without "
                              "scripting)")
     parser.add_argument("--log-level", default="INFO", type=str.upper,
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"])

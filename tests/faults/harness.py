@@ -333,12 +333,8 @@ class Audit:
         assert not self.problems, "; ".join(self.problems)
 
 
-def audit(client: redis_py.Redis, settings: Settings, log: Sequence[Message], *,
-          exact_index: bool = True) -> Audit:
-    """Compare Redis and Kafka with what ``log`` defines (see the module docstring).
-
-    ``exact_index=False`` (a consumer run with ``--plain-writes``): the term index
-    must hold every posting the log defines, and may hold more (it only grows)."""
+def audit(client: redis_py.Redis, settings: Settings, log: Sequence[Message]) -> Audit:
+    """Compare Redis and Kafka with what ``log`` defines (see the module docstring)."""
     expected = expected_state(log, Limits.from_settings(settings))
     edges, pages = stored_graph(client, settings)
     status = readers.status(client, settings.key_prefix)
@@ -390,13 +386,10 @@ def audit(client: redis_py.Redis, settings: Settings, log: Sequence[Message], *,
     _find_problems(result, expected, unique)
     result.problems.extend(index_problems(client, settings))
     index = stored_sources(client, settings.key_prefix)
-    if exact_index and index != expected.index:
+    if index != expected.index:
         result.problems.append(
             f"term index: {len(index - expected.index)} (term, page) sources too many, "
             f"{len(expected.index - index)} missing")
-    elif not exact_index and set(expected.index) - set(index):
-        result.problems.append(f"term index: {len(set(expected.index) - set(index))} "
-                               "postings missing")
     return result
 
 

@@ -25,8 +25,6 @@ def test_a_page_event_without_title_keeps_the_stored_one_and_drops_are_listed() 
     assert command is not None and command[-1] == "R 4 1\nD 5 6 8"
 
 
-def test_no_change_no_command_and_plain_writes_only_add() -> None:
-    assert index_commands(KEYS, {}, TextChanges()) == []
-    changes = TextChanges(replaced={4: {3: "beta"}}, dropped={5: {6}})
-    assert sorted(index_commands(KEYS, {4: "alpha"}, changes, scripted=False)) == [
-        ("SADD", "P:term:alpha", 4), ("SADD", "P:term:beta", 3)]
+def test_no_change_no_command() -> None:
+    assert index_commands(None, KEYS, {}, TextChanges()) == []
+    assert index_commands(None, KEYS, {}, TextChanges(), scripted=False) == []
