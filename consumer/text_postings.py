@@ -129,18 +129,34 @@ for line in string.gmatch(changes, '[^\n]+') do
     local page, flag = string.match(line, '^R (%d+) ([01])$')
     source, keep = page, flag == '1'
   elseif kind == 'D' then
+    -- Only the dropped lines are read: a page removed with 2,000 in-links, each
+    -- source with 400 anchored links, took 2.5 s parsing every source whole.
     finish()
     local numbers = string.gmatch(line, '%d+')
     local page = numbers()
     local raw = redis.call('HGET', map_key, page)
     if raw then
-      local drop = {}
-      for target in numbers do drop[target] = true end
-      local kept = {}
-      for stored in string.gmatch(raw, '[^\n]+') do
-        if not drop[string.match(stored, '^%w+')] then kept[#kept + 1] = stored end
+      local text, changed = '\n' .. raw .. '\n', false
+      for target in numbers do
+        local head = '\n' .. target .. ' '
+        local start = string.find(text, head, 1, true)
+        if start then
+          local stop = string.find(text, '\n', start + 1, true)
+          for term in string.gmatch(string.sub(text, start + #head, stop - 1), '%S+') do
+            remove(term, target)
+          end
+          text = string.sub(text, 1, start) .. string.sub(text, stop + 1)
+          changed = true
+        end
       end
-      store(page, raw, table.concat(kept, '\n'))
+      if changed then
+        text = string.sub(text, 2, -2)
+        if text == '' then
+          redis.call('HDEL', map_key, page)
+        else
+          redis.call('HSET', map_key, page, text)
+        end
+      end
     end
   else
     lines[#lines + 1] = line
@@ -231,22 +247,27 @@ def plain_commands(client: Any, keys: Keys, titles: Mapping[int, str],
     stored = {source: value.decode() if value else "" for source, value
               in zip(sources, raw, strict=True)}
     texts: dict[int, str] = {}
+    delta: Counter[tuple[str, int]] = Counter()
     for source, anchors in changes.replaced.items():
         title = titles.get(source)
         lines = _lines(source, title, anchors)
         if title is None and stored[source].startswith("t "):
             lines.insert(0, stored[source].split("\n", 1)[0])
         texts[source] = "\n".join(lines)
-    for source, targets in changes.dropped.items():
-        drop = {str(target) for target in targets if target != source}
-        texts[source] = "\n".join(line for line in stored[source].split("\n")
-                                  if line and line.split(" ", 1)[0] not in drop)
-    delta: Counter[tuple[str, int]] = Counter()
-    for source, text in texts.items():
-        if text != stored[source]:
-            old, new = _parsed(source, stored[source]), _parsed(source, text)
+        if texts[source] != stored[source]:
+            old, new = _parsed(source, stored[source]), _parsed(source, texts[source])
             delta.update(new - old)
             delta.subtract(old - new)
+    for source, targets in changes.dropped.items():
+        drop = {str(target) for target in targets if target != source}
+        kept = []
+        for line in stored[source].split("\n") if stored[source] else ():
+            head, *terms = line.split(" ")
+            if head in drop:  # only the dropped lines are parsed (see the script)
+                delta.subtract((term, int(head)) for term in terms)
+            else:
+                kept.append(line)
+        texts[source] = "\n".join(kept)
     by_term: defaultdict[str, list[int]] = defaultdict(list)
     for (term, target), change in delta.items():
         if change:

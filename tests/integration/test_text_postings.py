@@ -33,7 +33,9 @@ from rankstream.settings import Settings
 from tests.text_index_model import model_of, stored_sources
 
 NAMES = "abcd"
-WORDS = ("alpha", "beta", "gamma", "delta", "the")  # "the" is a stop word
+# "the" is a stop word; the others have bytes 0x85 / 0xA0 in UTF-8, combining marks,
+# an underscore (two terms), and a case fold that changes length.
+WORDS = ("alpha", "beta", "gamma", "the", "à", "Å", "हिन्दी", "x_y", "İstanbul")
 
 
 def url(name: str) -> str:
