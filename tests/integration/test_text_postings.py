@@ -186,3 +186,35 @@ def test_a_legacy_posting_stays_as_one_source(client: redis_py.Redis, services: 
             {("tutorial", url("t")): 1})
     finally:
         delete_keys(services, prefix)
+
+
+def test_through_kafka_and_the_consumer_a_query_no_longer_finds_a_lost_anchor(
+        one_partition: Settings) -> None:
+    """End to end: the root set of a text query follows the live anchors and titles.
+    Before the index was exact, ``b`` kept matching "tutorial" after ``a`` dropped
+    the anchor, and ``a`` kept matching its first title."""
+    from consumer.text_index import match
+    from tests.integration.test_consumer_pipeline import consume, publish
+
+    settings = one_partition
+    site = "https://site.example"
+    publish(settings, [
+        {"type": "page", "url": f"{site}/a", "title": "Python two",
+         "links": [{"url": f"{site}/b", "text": "tutorial"}]},
+        {"type": "page", "url": f"{site}/c", "links": [{"url": f"{site}/d", "text": "tutorial"}]},
+    ])
+    consume(settings)
+    client = redis_client(settings)
+    try:
+        def roots(query: str) -> set[str]:
+            return {found.url for found in match(client, settings.key_prefix, [query], 10)}
+
+        assert roots("tutorial") == {f"{site}/b", f"{site}/d"}
+        assert roots("two") == {f"{site}/a"}
+        publish(settings, [{"type": "page", "url": f"{site}/a", "title": "Python three",
+                            "links": [f"{site}/b"]}])
+        consume(settings)
+        assert roots("tutorial") == {f"{site}/d"}
+        assert roots("two") == set() and roots("three") == {f"{site}/a"}
+    finally:
+        client.close()
