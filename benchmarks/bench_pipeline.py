@@ -36,6 +36,10 @@ links each. Phases, on a private topic and key prefix (deleted afterwards unless
    only reached once the stream slows down. The latency line names the target only
    when the phase ran at the target's rate (half of 100k), else the rate it used.
 
+``--texts`` gives every page event a 4-word title and half its links a 2-word anchor
+text (:func:`benchmarks.pipeline_load.with_text`): the consumer then also keeps the
+HITS term index exact (docs/hits.md). The floors still write the links alone.
+
 Targets (issue 3): >= 100k link changes/s end to end on 2 cores; p99 <= 2 s at half
 that rate; end to end >= 0.5 x the bare redis-py floor.
 """
@@ -369,6 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="latency phase rate in link changes/s (default: half the measured "
                              "throughput, at most half the 100k target)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--texts", action="store_true",
+                        help="page events carry a title and anchor text on half their links "
+                             "(the HITS term index's work; the floors write links only)")
     parser.add_argument("--keep", action="store_true", help="keep the topic and keys")
     parser.add_argument("--consumer-log", default="bench_pipeline_consumer.log",
                         help="JSON log of the latency phase's consumer process (the "
@@ -391,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Enough for the latency phase at its largest default rate (~8 links/event).
         extra = args.latency_events or int((args.rate or TARGET_LINKS_PER_S / 2) / 8
                                            * args.latency_seconds)
-        stream = encode_stream(args.events + extra, args.seed)
+        stream = encode_stream(args.events + extra, args.seed, texts=args.texts)
         first, rest = stream[: args.events], stream[args.events:]
         links = sum(n for _, _, n in first)
         say(f"  {len(stream):,} events in {time.perf_counter() - gen_started:.1f} s; "

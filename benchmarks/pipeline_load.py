@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -17,13 +18,31 @@ from producer.synthetic import synthetic_event_dicts
 from rankstream.services.stack import kafka_client_options
 from rankstream.settings import Settings
 
+TEXT_VOCABULARY = 5_000
 
-def encode_stream(count: int, seed: int) -> list[tuple[bytes, bytes, int]]:
-    """(key, JSON without ts, link count) per event; ts is stamped at send time."""
+
+def with_text(event: dict[str, Any], pick: random.Random) -> dict[str, Any]:
+    """A 4-word title and, on half the links, a 2-word anchor text, from a vocabulary
+    of :data:`TEXT_VOCABULARY` words drawn with a power law (a few are very common)."""
+    def words(n: int) -> str:
+        return " ".join(f"w{int(TEXT_VOCABULARY ** pick.random())}" for _ in range(n))
+
+    links = [{"url": link, "text": words(2)} if pick.random() < 0.5 else link
+             for link in event["links"]]
+    return {**event, "links": links, "title": words(4)}
+
+
+def encode_stream(count: int, seed: int, *, texts: bool = False
+                  ) -> list[tuple[bytes, bytes, int]]:
+    """(key, JSON without ts, link count) per event; ts is stamped at send time.
+    ``texts``: page events carry titles and anchor texts (:func:`with_text`)."""
     out = []
+    pick = random.Random(seed)
     for event in synthetic_event_dicts(count, seed=seed, edit_fraction=0.0):
         if event["type"] != "page":  # the generator edits once every page is crawled
             continue
+        if texts:
+            event = with_text(event, pick)
         event.pop("ts", None)
         body = json.dumps(event, separators=(",", ":")).encode()
         out.append((event["url"].encode(), body, len(event["links"])))
