@@ -32,6 +32,7 @@ skipped. A few round trips, none per page. Terms too common to unite
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections import defaultdict
@@ -139,6 +140,20 @@ def tokenize(text: str, *, max_terms: int = MAX_TERMS_PER_TEXT) -> list[str]:
     >>> tokenize("The Python Tutorial: the __init__ method, Über-Klasse")
     ['python', 'tutorial', 'init', 'method', 'über', 'klasse']
     """
+    if len(text) <= CACHED_TEXT_CHARS:
+        return list(_cached_terms(text, max_terms))
+    return list(_terms(text, max_terms))
+
+
+# Anchor texts repeat ("next", "tutorial", a site's menu on every page) and a
+# consumer tokenizes every title and anchor of every crawl: cached, the normal form
+# and the regex run once per distinct short text. Bounded in entries and in text
+# length (texts have no length limit of their own), so at most about 20 MB, and a
+# stream of unique texts only costs the cache's churn.
+CACHED_TEXT_CHARS = 256
+
+
+def _terms(text: str, max_terms: int) -> tuple[str, ...]:
     normal = _normal_form(text)
     seen: dict[str, None] = {}
     for word in _WORD_RE.findall(normal):
@@ -147,7 +162,10 @@ def tokenize(text: str, *, max_terms: int = MAX_TERMS_PER_TEXT) -> list[str]:
         seen[word] = None
         if len(seen) >= max_terms:
             break
-    return list(seen)
+    return tuple(seen)
+
+
+_cached_terms = functools.lru_cache(maxsize=1 << 16)(_terms)
 
 
 def query_terms(query: str) -> list[str]:
