@@ -90,12 +90,40 @@ local function write(verb, key, items)
 end
 
 local filed_count, unfiled_count = 0, 0
+
+-- One page's change under a term: most terms of a batch concern one page, and this
+-- takes one or two calls where the general case takes three or more.
+local function apply_one(posting, count_key, target, by)
+  if by > 0 then
+    if redis.call('SADD', posting, target) == 1 then
+      if by > 1 then redis.call('HSET', count_key, target, by - 1) end
+      filed_count = filed_count + 1
+    else
+      redis.call('HINCRBY', count_key, target, by)
+    end
+    return
+  end
+  local extra = tonumber(redis.call('HGET', count_key, target)) or 0
+  if extra + by >= 1 then
+    redis.call('HSET', count_key, target, extra + by)
+    return
+  end
+  if extra > 0 then redis.call('HDEL', count_key, target) end
+  if extra + by < 0 and redis.call('SREM', posting, target) == 1 then
+    unfiled_count = unfiled_count + 1
+  end
+end
+
 local function apply(term, row)
   local targets = {}
   for target, by in pairs(row) do
     if by ~= 0 then targets[#targets + 1] = target end
   end
   local posting, count_key = prefix .. 'term:' .. term, prefix .. 'termcount:' .. term
+  if #targets <= 1 then
+    if #targets == 1 then apply_one(posting, count_key, targets[1], row[targets[1]]) end
+    return
+  end
   local filed, unfiled, counts, uncounted = {}, {}, {}, {}
   for i = 1, #targets, 1000 do
     local chunk = {unpack(targets, i, math.min(i + 999, #targets))}
@@ -129,6 +157,15 @@ end
 -- Replace what ``source`` stored (``raw``, false if nothing) with ``text``.
 local function store(source, raw, text)
   if text == (raw or '') then return end
+  if not raw then  -- a first crawl: every term is new
+    for line in string.gmatch(text, '[^\n]+') do
+      local target, rest = string.match(line, '^(%w+)(.*)$')
+      if target == 't' then target = source end
+      for term in string.gmatch(rest, '%S+') do add(term, target) end
+    end
+    redis.call('HSET', map_key, source, text)
+    return
+  end
   local old, new = parse(source, raw), parse(source, text)
   for target, terms in pairs(old) do
     local now = new[target] or {}

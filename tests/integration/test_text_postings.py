@@ -149,6 +149,17 @@ def test_two_sources_of_one_term_keep_the_page_until_both_go(client: redis_py.Re
     assert index_in_batches(client, [two, none_left[2:3], none_left[3:]]) == Counter()
 
 
+def test_three_sources_then_one_goes(client: redis_py.Redis) -> None:
+    """The count goes 2 -> 1 extra source, the page stays filed (a term that changes
+    for one page only in a batch takes the script's one-page path)."""
+    three = [PageEvent(url=url(name), links=[{"url": url("t"), "text": "tutorial"}])
+             for name in "abc"]
+    drop = [PageEvent(url=url("a"), links=[url("t")])]
+    assert index_in_batches(client, [three, drop]) == Counter({("tutorial", url("t")): 2})
+    assert index_in_batches(client, [three, drop], scripted=False) == Counter(
+        {("tutorial", url("t")): 2})
+
+
 def test_removing_a_page_drops_the_anchors_into_it(client: redis_py.Redis) -> None:
     """A removal deletes the links into the page; a later crawl revives it without
     their anchors, as one-event batches and the graph both have it."""
