@@ -154,6 +154,16 @@ local function apply(term, row)
   filed_count, unfiled_count = filed_count + #filed, unfiled_count + #unfiled
 end
 
+-- fn(term, target) for every (term, target) of ``have`` that ``other`` lacks.
+local function each_missing(have, other, fn)
+  for target, terms in pairs(have) do
+    local there = other[target] or {}
+    for term in pairs(terms) do
+      if not there[term] then fn(term, target) end
+    end
+  end
+end
+
 -- Replace what ``source`` stored (``raw``, false if nothing) with ``text``.
 local function store(source, raw, text)
   if text == (raw or '') then return end
@@ -167,18 +177,8 @@ local function store(source, raw, text)
     return
   end
   local old, new = parse(source, raw), parse(source, text)
-  for target, terms in pairs(old) do
-    local now = new[target] or {}
-    for term in pairs(terms) do
-      if not now[term] then remove(term, target) end
-    end
-  end
-  for target, terms in pairs(new) do
-    local before = old[target] or {}
-    for term in pairs(terms) do
-      if not before[term] then add(term, target) end
-    end
-  end
+  each_missing(old, new, remove)
+  each_missing(new, old, add)
   if text == '' then
     redis.call('HDEL', map_key, source)
   else
