@@ -164,6 +164,15 @@ local function each_missing(have, other, fn)
   end
 end
 
+-- Store a page's contributions ('' : none).
+local function put(page, text)
+  if text == '' then
+    redis.call('HDEL', map_key, page)
+  else
+    redis.call('HSET', map_key, page, text)
+  end
+end
+
 -- Replace what ``source`` stored (``raw``, false if nothing) with ``text``.
 local function store(source, raw, text)
   if text == (raw or '') then return end
@@ -179,11 +188,7 @@ local function store(source, raw, text)
   local old, new = parse(source, raw), parse(source, text)
   each_missing(old, new, remove)
   each_missing(new, old, add)
-  if text == '' then
-    redis.call('HDEL', map_key, source)
-  else
-    redis.call('HSET', map_key, source, text)
-  end
+  put(source, text)
 end
 
 local source, keep, lines = nil, false, {}
@@ -224,14 +229,7 @@ for line in string.gmatch(changes, '[^\n]+') do
           changed = true
         end
       end
-      if changed then
-        text = string.sub(text, 2, -2)
-        if text == '' then
-          redis.call('HDEL', map_key, page)
-        else
-          redis.call('HSET', map_key, page, text)
-        end
-      end
+      if changed then put(page, string.sub(text, 2, -2)) end
     end
   else
     lines[#lines + 1] = line
