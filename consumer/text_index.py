@@ -7,7 +7,7 @@ describes itself). Both arrive in ``page`` events; the consumer updates the post
 the same MULTI/EXEC transaction as the graph change, exactly (:mod:`consumer.text_postings`:
 a page is filed under a term while its current title or an anchor of a live link into
 it holds the term). :func:`postings_commands` and :func:`index_text` only add postings:
-``--plain-writes`` and hand-built test graphs use them.
+hand-built test graphs and the grow-only baseline of ``./run bench text`` use them.
 
 Indexing steps (the seeds' classic ones): Unicode NFKC, case folding, split into
 runs of letters and digits (underscores and punctuation separate words), drop

@@ -360,11 +360,17 @@ def plain_commands(client: Any, keys: Keys, titles: Mapping[int, str],
         uncounted: list[int] = []
         for target, member, extra in zip(pages, members, extras, strict=True):
             # A posting without a count is one source (also one an older release wrote).
-            after = (1 + int(extra or 0) if member else 0) + delta[(term, target)]
-            (filed if after > 0 else unfiled).append(target)
+            before_extra = int(extra or 0)
+            after = (1 + before_extra if member else 0) + delta[(term, target)]
+            # Only what changes is written, as the script does.
+            if after > 0 and not member:
+                filed.append(target)
+            elif after <= 0 and member:
+                unfiled.append(target)
             if after > 1:
-                counts += [target, after - 1]
-            else:
+                if after - 1 != before_extra:
+                    counts += [target, after - 1]
+            elif extra is not None:
                 uncounted.append(target)
         posting, count_key = term_key(keys.prefix, term), termcount_key(keys.prefix, term)
         for verb, key, args in (("SADD", posting, filed), ("SREM", posting, unfiled),
