@@ -64,6 +64,7 @@ import numpy as np
 import redis as redis_py
 
 from benchmarks.arguments import at_least, bench_parser, positive
+from benchmarks.cpu_use import CpuMeter, cpu_line
 from benchmarks.pipeline_load import LoadProducer, encode_stream, produce_all, with_ts
 from consumer.graph_write import GraphWrite, commit_graph, group_members
 from consumer.kafka_source import (
@@ -103,6 +104,7 @@ class Throughput:
     phases: dict[str, float]  # summed per-batch phase times of the consumer's log
     publications: list[dict[str, Any]]
     batch_records: list[dict[str, Any]]
+    cpu: dict[str, float | None]  # CPU seconds of the consumer, Redis, the broker
 
     @property
     def links_per_s(self) -> float:
@@ -140,6 +142,8 @@ def run_throughput(settings: Settings) -> Throughput:
     try:
         service.start()
         capture.publications.clear()  # the start publication is not part of the run
+        meter = CpuMeter(service.redis, settings.kafka_bootstrap)
+        cpu_before = meter.sample()
         started = time.perf_counter()
         try:
             while not service.stops.event.is_set():
@@ -149,6 +153,7 @@ def run_throughput(settings: Settings) -> Throughput:
             drain_started = time.perf_counter()
             service.drain()  # the last publication: scores visible
             elapsed = time.perf_counter() - started
+            cpu = meter.sample().since(cpu_before)
             # What a clean stop leaves for the latency phase's restart, as
             # ConsumerService.run does (outside the timing: the scores are visible).
             leave_snapshot(service.redis, service.keys, service.snapshot, service.mirror,
@@ -164,7 +169,7 @@ def run_throughput(settings: Settings) -> Throughput:
     phases["drain_s"] = started + elapsed - drain_started
     phases["other_s"] = elapsed - sum(phases.values())
     return Throughput(elapsed, service.stats.events, service.stats.link_changes,
-                      service.stats.batches, phases, capture.publications, capture.batches)
+                      service.stats.batches, phases, capture.publications, capture.batches, cpu)
 
 
 def kafka_floor(settings: Settings, records: int) -> float:
@@ -449,6 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         phases = ", ".join(f"{k[:-2]} {v:.1f}" for k, v in result.phases.items())
         pubs = result.publications
         say(f"{'  consumer main thread, summed seconds':<44}  {phases}")
+        say(f"{'  CPU during the run':<44}  {cpu_line(result.cpu, result.seconds)}")
         if pubs:
             say(f"{'  publications during the run':<44}  {len(pubs)}, mean "
                 f"{np.mean([p['seconds'] for p in pubs]):.2f} s, "

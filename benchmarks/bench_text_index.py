@@ -95,17 +95,16 @@ def index_churn(client: redis_py.Redis, settings: Settings, events: list[Event],
 
 def script_cost(client: redis_py.Redis, settings: Settings, events: int = 10_000) -> None:
     prefix = f"bench:text:{uuid.uuid4().hex[:8]}:"
-    plain = "\n".join(f"R {page} 1" for page in range(events))
-    texts = "\n".join(
-        f"R {page} 0\nt page title{page % 100}\n" + "\n".join(
-            f"{target} deal{(page + target) % 300} offer"
-            for target in sorted(events + (page * 8 + k) % events for k in range(8)))
-        for page in range(events))
+    plain = [f"R {page} 1" for page in range(events)]
+    texts = [f"R {page} 0\nt page title{page % 100}\n" + "\n".join(
+                 f"{target} deal{(page + target) % 300} offer"
+                 for target in sorted(events + (page * 8 + k) % events for k in range(8)))
+             for page in range(events)]
     try:
         for what, payload in (("no text", plain), ("first crawl, title + 8 anchors", texts),
                               ("unchanged re-crawl", texts)):
             started = time.perf_counter()
-            client.eval(POSTINGS_SCRIPT, 0, prefix, Keys(prefix).page_terms, payload)
+            client.eval(POSTINGS_SCRIPT, 0, prefix, Keys(prefix).page_terms, *payload)
             seconds = time.perf_counter() - started
             print(f"  {what:32s} {seconds * 1e3:8.1f} ms  {seconds / events * 1e6:6.1f} us/event")
     finally:

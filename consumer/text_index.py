@@ -55,6 +55,7 @@ __all__ = [
     "postings_commands",
     "query_terms",
     "term_key",
+    "term_line",
     "tokenize",
 ]
 
@@ -110,6 +111,10 @@ def _mark_class() -> str:
 
 # Runs of letters, digits and combining marks; a mark does not start a word.
 _WORD_RE = re.compile(rf"[^\W_](?:[^\W_]|{_mark_class()})*")
+# The same on ASCII text, where NFKC changes nothing, case folding is lower(), there
+# are no marks and [^\W_] is [A-Za-z0-9]: most titles and anchors, at a third of the
+# cost (tests check the two agree on every ASCII text).
+_ASCII_WORD_RE = re.compile(r"[a-z0-9]+")
 
 
 def term_key(prefix: str, term: str) -> str:
@@ -153,10 +158,16 @@ def tokenize(text: str, *, max_terms: int = MAX_TERMS_PER_TEXT) -> list[str]:
 CACHED_TEXT_CHARS = 256
 
 
+def _words(text: str) -> list[str]:
+    """Every word of ``text`` in its normal form, in order, repeats and all."""
+    if text.isascii():
+        return _ASCII_WORD_RE.findall(text.lower())
+    return _WORD_RE.findall(_normal_form(text))
+
+
 def _terms(text: str, max_terms: int) -> tuple[str, ...]:
-    normal = _normal_form(text)
     seen: dict[str, None] = {}
-    for word in _WORD_RE.findall(normal):
+    for word in _words(text):
         if len(word) > MAX_TERM_CHARS or word in STOP_WORDS or word in seen:
             continue
         seen[word] = None
@@ -166,6 +177,19 @@ def _terms(text: str, max_terms: int) -> tuple[str, ...]:
 
 
 _cached_terms = functools.lru_cache(maxsize=1 << 16)(_terms)
+
+
+def term_line(text: str) -> str:
+    """:func:`tokenize`'s terms sorted and joined by spaces ('' if none): how the
+    term index stores a text (:mod:`consumer.text_postings`). Cached as tokenize is."""
+    if len(text) <= CACHED_TEXT_CHARS:
+        return _cached_term_line(text)
+    return " ".join(sorted(_terms(text, MAX_TERMS_PER_TEXT)))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _cached_term_line(text: str) -> str:
+    return " ".join(sorted(_terms(text, MAX_TERMS_PER_TEXT)))
 
 
 def query_terms(query: str) -> list[str]:

@@ -35,26 +35,27 @@ from collections.abc import Mapping
 from typing import Any
 
 from consumer.keys import Keys
-from consumer.text_index import term_key, tokenize
+from consumer.text_index import term_key, term_line
 from rankstream.text_changes import TextChanges
 
 __all__ = ["POSTINGS_SCRIPT", "index_commands", "plain_commands", "postings_command",
            "termcount_key"]
 
-# ARGV: the key prefix, the P page:terms key, the changes: lines of
-#   "R {source} {keep}"          the source's contributions are replaced by the lines
-#                                that follow (keep=1: its stored title line stays)
-#   "t {term} {term}..."         the source's title's terms (first, if any)
-#   "{target} {term} {term}..."  the anchor terms the source gives one target
-#   "D {source} {target}..."     the source no longer gives these targets anything.
+# ARGV: the key prefix, the P page:terms key, then one argument per changed source:
+#   "R {source} {keep}\n{lines}"  the source's contributions are replaced by these
+#                                 lines (keep=1: its stored title line stays), of
+#       "t {term} {term}..."           its title's terms (first, if any)
+#       "{target} {term} {term}..."    the anchor terms it gives one target
+#   "D {source} {target}..."      the source no longer gives these targets anything.
 # A source's lines come canonical (targets ascending, terms sorted; postings_command),
-# and are stored as they come, so an unchanged re-crawl is one string comparison.
+# and are stored as they come, so an unchanged re-crawl is one string comparison (an
+# argument per source spares splitting the batch into lines and joining them again).
 # The changes of every (term, page) are summed over the batch first, then applied per
 # term: two reads and at most four writes a term, however many pages it concerns (one
 # call per posting made a first crawl's script 3x slower).
 # Returns {pages filed, pages unfiled} (per term).
 POSTINGS_SCRIPT = r"""
-local prefix, map_key, changes = ARGV[1], ARGV[2], ARGV[3]
+local prefix, map_key = ARGV[1], ARGV[2]
 local delta = {}  -- term -> page -> change in its number of sources
 
 local function parse(source, text)
@@ -126,17 +127,31 @@ local function apply(term, row)
   end
   local filed, unfiled, counts, uncounted = {}, {}, {}, {}
   for i = 1, #targets, 1000 do
-    local chunk = {unpack(targets, i, math.min(i + 999, #targets))}
+    local chunk = targets
+    if #targets > 1000 then chunk = {unpack(targets, i, math.min(i + 999, #targets))} end
     local members = redis.call('SMISMEMBER', posting, unpack(chunk))
-    local extras = redis.call('HMGET', count_key, unpack(chunk))
+    -- Only members have counts (unfiling a page deletes its count; apply_one relies
+    -- on that too), so only theirs are read: a first crawl's pages are mostly new
+    -- to its terms, and reading every page's count cost a quarter of the script.
+    local held = {}
     for j, target in ipairs(chunk) do
+      if members[j] == 1 then
+        held[#held + 1] = target
+      elseif row[target] > 0 then
+        filed[#filed + 1] = target
+        if row[target] > 1 then
+          counts[#counts + 1] = target
+          counts[#counts + 1] = row[target] - 1
+        end
+      end
+    end
+    local extras = {}
+    if #held > 0 then extras = redis.call('HMGET', count_key, unpack(held)) end
+    for j, target in ipairs(held) do
       -- A posting without a count is one source (also one an older release wrote).
       local extra = tonumber(extras[j]) or 0
-      local before = 0
-      if members[j] == 1 then before = 1 + extra end
-      local after = before + row[target]
-      if after > 0 and members[j] == 0 then filed[#filed + 1] = target end
-      if after <= 0 and members[j] == 1 then unfiled[#unfiled + 1] = target end
+      local after = 1 + extra + row[target]
+      if after <= 0 then unfiled[#unfiled + 1] = target end
       if after > 1 then
         if after - 1 ~= extra then
           counts[#counts + 1] = target
@@ -180,7 +195,14 @@ local function store(source, raw, text)
     for line in string.gmatch(text, '[^\n]+') do
       local target, rest = string.match(line, '^(%w+)(.*)$')
       if target == 't' then target = source end
-      for term in string.gmatch(rest, '%S+') do add(term, target) end
+      for term in string.gmatch(rest, '%S+') do  -- add(term, target), inlined
+        local row = delta[term]
+        if not row then
+          row = {}
+          delta[term] = row
+        end
+        row[target] = (row[target] or 0) + 1
+      end
     end
     redis.call('HSET', map_key, source, text)
     return
@@ -191,51 +213,43 @@ local function store(source, raw, text)
   put(source, text)
 end
 
-local source, keep, lines = nil, false, {}
-local function finish()
-  if not source then return end
-  local raw = redis.call('HGET', map_key, source)
-  if keep and raw and string.sub(raw, 1, 2) == 't ' then
-    table.insert(lines, 1, string.match(raw, '^[^\n]*'))
+-- Only the dropped lines are read: a page removed with 2,000 in-links, each source
+-- with 400 anchored links, took 2.5 s parsing every source whole.
+local function drop(block)
+  local numbers = string.gmatch(block, '%d+')
+  local page = numbers()
+  local raw = redis.call('HGET', map_key, page)
+  if not raw then return end
+  local text, changed = '\n' .. raw .. '\n', false
+  for target in numbers do
+    local head = '\n' .. target .. ' '
+    local start = string.find(text, head, 1, true)
+    if start then
+      local stop = string.find(text, '\n', start + 1, true)
+      for term in string.gmatch(string.sub(text, start + #head, stop - 1), '%S+') do
+        remove(term, target)
+      end
+      text = string.sub(text, 1, start) .. string.sub(text, stop + 1)
+      changed = true
+    end
   end
-  store(source, raw, table.concat(lines, '\n'))
-  source, lines = nil, {}
+  if changed then put(page, string.sub(text, 2, -2)) end
 end
 
-for line in string.gmatch(changes, '[^\n]+') do
-  local kind = string.sub(line, 1, 1)
-  if kind == 'R' then
-    finish()
-    local page, flag = string.match(line, '^R (%d+) ([01])$')
-    source, keep = page, flag == '1'
-  elseif kind == 'D' then
-    -- Only the dropped lines are read: a page removed with 2,000 in-links, each
-    -- source with 400 anchored links, took 2.5 s parsing every source whole.
-    finish()
-    local numbers = string.gmatch(line, '%d+')
-    local page = numbers()
-    local raw = redis.call('HGET', map_key, page)
-    if raw then
-      local text, changed = '\n' .. raw .. '\n', false
-      for target in numbers do
-        local head = '\n' .. target .. ' '
-        local start = string.find(text, head, 1, true)
-        if start then
-          local stop = string.find(text, '\n', start + 1, true)
-          for term in string.gmatch(string.sub(text, start + #head, stop - 1), '%S+') do
-            remove(term, target)
-          end
-          text = string.sub(text, 1, start) .. string.sub(text, stop + 1)
-          changed = true
-        end
-      end
-      if changed then put(page, string.sub(text, 2, -2)) end
+for i = 3, #ARGV do
+  local block = ARGV[i]
+  if string.byte(block, 1) == 82 then  -- 'R'
+    local source, keep, text = string.match(block, '^R (%d+) ([01])\n?(.*)$')
+    local raw = redis.call('HGET', map_key, source)
+    if keep == '1' and raw and string.sub(raw, 1, 2) == 't ' then
+      local title = string.match(raw, '^[^\n]*')
+      if text == '' then text = title else text = title .. '\n' .. text end
     end
+    store(source, raw, text)
   else
-    lines[#lines + 1] = line
+    drop(block)
   end
 end
-finish()
 for term, row in pairs(delta) do apply(term, row) end
 return {filed_count, unfiled_count}
 """
@@ -267,29 +281,29 @@ def index_commands(client: Any, keys: Keys, titles: Mapping[int, str],
 def _lines(source: int, title: str | None, anchors: Mapping[int, str]) -> list[str]:
     """A source's contributions in their canonical (stored) form, title line first."""
     lines = []
-    if title is not None and (terms := tokenize(title)):
-        lines.append(f"t {' '.join(sorted(terms))}")
+    if title is not None and (terms := term_line(title)):
+        lines.append(f"t {terms}")
     for target in sorted(anchors):
-        if target != source and (terms := tokenize(anchors[target])):
-            lines.append(f"{target} {' '.join(sorted(terms))}")
+        if target != source and (terms := term_line(anchors[target])):
+            lines.append(f"{target} {terms}")
     return lines
 
 
 def postings_command(keys: Keys, titles: Mapping[int, str],
                      changes: TextChanges) -> tuple[Any, ...] | None:
     """The ``EVAL`` of :data:`POSTINGS_SCRIPT` for these changes, or None if none."""
-    lines: list[str] = []
+    blocks: list[str] = []
     for source, anchors in changes.replaced.items():
         title = titles.get(source)
-        lines.append(f"R {source} {0 if title is not None else 1}")
-        lines.extend(_lines(source, title, anchors))
+        blocks.append("\n".join([f"R {source} {0 if title is not None else 1}",
+                                 *_lines(source, title, anchors)]))
     for source, targets in changes.dropped.items():
         drop = sorted(target for target in targets if target != source)
         if drop:
-            lines.append(f"D {source} {' '.join(map(str, drop))}")
-    if not lines:
+            blocks.append(f"D {source} {' '.join(map(str, drop))}")
+    if not blocks:
         return None
-    return ("EVAL", POSTINGS_SCRIPT, 0, keys.prefix, keys.page_terms, "\n".join(lines))
+    return ("EVAL", POSTINGS_SCRIPT, 0, keys.prefix, keys.page_terms, *blocks)
 
 
 def _parsed(source: int, text: str) -> set[tuple[str, int]]:

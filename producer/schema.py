@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, NoReturn
+from collections.abc import Iterator, Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    SkipValidation,
     StrictInt,
     StrictStr,
     TypeAdapter,
@@ -44,11 +44,20 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
-from producer.strict_json import HugeInteger, parse_strict_json
-from producer.timestamps import BadTimestamp, epoch_millis
-from producer.urls import UrlError, _canonicalize_cached, already_canonical_lines_matcher
+from producer.field_checks import (
+    DEFAULT_LIMITS,
+    Limits,
+    checked_text,
+    checked_url,
+    fail,
+    json_type,
+    links_at_once,
+    links_one_by_one,
+    parse_ts,
+    shown,
+)
+from producer.strict_json import parse_strict_json
 from rankstream.errors import InputError
 from rankstream.input_files import numbered_lines
 
@@ -75,47 +84,6 @@ SUPPORTED_VERSIONS = frozenset({1})
 _SUPPORTED_TEXT = ", ".join(str(v) for v in sorted(SUPPORTED_VERSIONS))
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Input limits; each violation is an :class:`InputError` (a DLQ entry downstream).
-
-    Built explicitly by the caller, usually with :meth:`from_settings`.
-    """
-
-    max_url_length: int = 8192
-    max_links_per_page: int = 10_000
-    max_message_bytes: int = 1_048_576
-    allowed_schemes: frozenset[str] = frozenset({"http", "https", "file"})
-    _scheme_prefixes: tuple[str, ...] = field(init=False, repr=False, compare=False)
-    _all_canonical: Callable[[str], object] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        schemes = frozenset(s.lower() for s in self.allowed_schemes)
-        object.__setattr__(self, "allowed_schemes", schemes)
-        object.__setattr__(self, "_scheme_prefixes", tuple(f"{s}:" for s in sorted(schemes)))
-        object.__setattr__(self, "_all_canonical", already_canonical_lines_matcher(schemes))
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> Limits:
-        """Limits from a :class:`rankstream.settings.Settings` (duck-typed on purpose)."""
-        return cls(
-            max_url_length=settings.max_url_length,
-            max_links_per_page=settings.max_links_per_page,
-            max_message_bytes=settings.max_message_bytes,
-            allowed_schemes=frozenset(settings.allowed_schemes),
-        )
-
-
-DEFAULT_LIMITS = Limits()
-
-
-# --- field-level checks (shared by the validators below) -------------------------
-
-
-def _fail(category: str, detail: str) -> NoReturn:
-    raise PydanticCustomError("rankstream", "{reason}", {"reason": f"{category}: {detail}"})
-
-
 def _limits_of(info: ValidationInfo) -> Limits:
     context = info.context
     if context is None:
@@ -124,84 +92,8 @@ def _limits_of(info: ValidationInfo) -> Limits:
     return limits
 
 
-def _checked_url(raw: object, limits: Limits, where: str) -> str:
-    """Canonical form of ``raw`` within ``limits``; the hot path of decoding."""
-    if type(raw) is not str:
-        _fail("wrong type", f"{where}: expected string, got {_json_type(raw)}")
-    if len(raw) > limits.max_url_length:
-        _fail("url too long", f"{where}: {len(raw)} > {limits.max_url_length}")
-    try:
-        canonical = _canonicalize_cached(raw)
-    except UrlError as exc:
-        _fail("bad url", f"{where}: {exc}")
-    if not canonical.startswith(limits._scheme_prefixes):
-        scheme = canonical.partition(":")[0]
-        allowed = ", ".join(sorted(limits.allowed_schemes))
-        _fail("disallowed scheme", f"{where}: {scheme!r} (allowed: {allowed})")
-    if len(canonical) > limits.max_url_length:  # only the added "/" can get here
-        _fail("url too long", f"{where}: {len(canonical)} > {limits.max_url_length}")
-    return canonical
-
-
-def _all_plain_and_canonical(links: list[Any] | tuple[Any, ...], limits: Limits) -> bool:
-    """True if every link is a string that is already canonical, allowed and short."""
-    if not links:
-        return True
-    try:
-        joined = "\n".join(links)
-    except TypeError:  # an object link (with anchor text) or a wrong type
-        return False
-    if limits._all_canonical(joined) is None:
-        return False
-    if joined.count("\n") != len(links) - 1:  # a link with a newline of its own
-        return False
-    return max(map(len, links)) <= limits.max_url_length
-
-
-def _checked_text(value: str, where: str) -> str:
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            _fail("bad text", f"{where}: invalid unicode (lone surrogate)")
-    return value
-
-
-def _parse_ts(value: object) -> int | None:
-    if value is None:
-        return None
-    if type(value) is int or type(value) is str:
-        try:
-            return epoch_millis(value)
-        except BadTimestamp as exc:
-            _fail("bad ts", str(exc))
-    if type(value) is HugeInteger:
-        _fail("bad ts", "integer out of range (epoch milliseconds expected)")
-    _fail("bad ts", f"expected epoch ms (int) or ISO 8601 string, got {_json_type(value)}")
-
-
-def _shown(value: object, limit: int = 40) -> str:
-    """A value from the input as it may appear in an error: JSON spelling (null, not
-    None), control characters escaped (a reason is one line, and may reach a terminal),
-    cut to ``limit`` characters. An array or object is shown as its JSON type: dumping
-    one nested almost as deep as the parser allows ran out of recursion."""
-    if isinstance(value, list | dict):
-        return f"an {_json_type(value)}"
-    # ASCII-only: json.dumps leaves U+0085, U+2028/9 and lone surrogates raw otherwise,
-    # which broke the reason's line or came out as "?" in a dead letter's header.
-    text = json.dumps(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _json_type(value: object) -> str:
-    names = {str: "string", int: "integer", HugeInteger: "integer", float: "number",
-             bool: "boolean",
-             list: "array", dict: "object", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
-
-
 def _url_field(value: str, info: ValidationInfo) -> str:
-    return _checked_url(value, _limits_of(info), info.field_name or "url")
+    return checked_url(value, _limits_of(info), info.field_name or "url")
 
 
 Url = Annotated[StrictStr, AfterValidator(_url_field)]
@@ -220,13 +112,13 @@ class _EventBase(BaseModel):
     @classmethod
     def _known_version(cls, value: int) -> int:
         if value not in SUPPORTED_VERSIONS:
-            _fail("unsupported version", f"{value} (supported: {_SUPPORTED_TEXT})")
+            fail("unsupported version", f"{value} (supported: {_SUPPORTED_TEXT})")
         return value
 
     @field_validator("ts", mode="before")
     @classmethod
     def _normalise_ts(cls, value: object) -> int | None:
-        return _parse_ts(value)
+        return parse_ts(value)
 
 
 class PageEvent(_EventBase):
@@ -240,7 +132,9 @@ class PageEvent(_EventBase):
     url: StrictStr
     links: tuple[StrictStr, ...]
     title: StrictStr | None = None
-    anchors: tuple[tuple[str, str], ...] = ()
+    # Always built by _canonical_links from checked strings (an "anchors" key in the
+    # input is replaced or dropped there), so pydantic need not check it again.
+    anchors: SkipValidation[tuple[tuple[str, str], ...]] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -253,55 +147,21 @@ class PageEvent(_EventBase):
         out = dict(data)
         page_url = None
         if "url" in data:
-            page_url = out["url"] = _checked_url(data["url"], limits, "url")
+            page_url = out["url"] = checked_url(data["url"], limits, "url")
         links = data.get("links")
         if not isinstance(links, list | tuple):
             out.pop("anchors", None)
             return out
         if len(links) > limits.max_links_per_page:
-            _fail("too many links", f"{len(links)} > {limits.max_links_per_page}")
-        if _all_plain_and_canonical(links, limits):
-            # The common case: one regex over all links instead of one call per link.
-            unique = dict.fromkeys(links)
-            unique.pop(page_url, None)
-            out["links"] = tuple(unique)
-            out["anchors"] = ()
-            return out
-        seen: dict[str, None] = {}
-        anchors: dict[str, str] = {}
-        for index, item in enumerate(links):
-            text = None
-            if type(item) is not str:
-                if not isinstance(item, Mapping):
-                    _fail("wrong type", f"links[{index}]: expected URL string or "
-                          f"{{url, text}} object, got {_json_type(item)}")
-                text = item.get("text")
-                item = item.get("url")
-                if item is None:
-                    _fail("missing field", f"links[{index}].url")
-            canonical = _checked_url(item, limits, f"links[{index}]")
-            if text is not None:
-                if type(text) is not str:
-                    _fail("wrong type", f"links[{index}].text: expected string, "
-                          f"got {_json_type(text)}")
-                # Checked where it is not kept too (a self link's, a later duplicate's):
-                # whether an event is valid must not depend on where its links point.
-                text = _checked_text(text, f"links[{index}].text") if text else None
-            if canonical == page_url:
-                continue
-            seen[canonical] = None
-            # A duplicate link may still bring the first anchor text.
-            if text and canonical not in anchors:
-                anchors[canonical] = text
-        out["links"] = tuple(seen)
-        # In link order, so that encoding and decoding again gives an equal event.
-        out["anchors"] = tuple((url, anchors[url]) for url in seen if url in anchors)
+            fail("too many links", f"{len(links)} > {limits.max_links_per_page}")
+        out["links"], out["anchors"] = (links_at_once(links, page_url, limits)
+                                        or links_one_by_one(links, page_url, limits))
         return out
 
     @field_validator("title")
     @classmethod
     def _valid_title(cls, value: str | None) -> str | None:
-        return None if value is None else _checked_text(value, "title")
+        return None if value is None else checked_text(value, "title")
 
 
 class LinkAddedEvent(_EventBase):
@@ -361,11 +221,11 @@ def decode_event(raw: bytes | None, limits: Limits = DEFAULT_LIMITS) -> Event:
 def make_event(obj: object, limits: Limits = DEFAULT_LIMITS) -> Event:
     """Validate an already parsed JSON value (a dict) into an event, or InputError."""
     if type(obj) is not dict:
-        raise InputError(f"not a JSON object: got {_json_type(obj)}")
+        raise InputError(f"not a JSON object: got {json_type(obj)}")
     version = obj.get("v", SCHEMA_VERSION)
     if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise InputError(
-            f"unsupported version: {_shown(version)} (supported: {_SUPPORTED_TEXT})"
+            f"unsupported version: {shown(version)} (supported: {_SUPPORTED_TEXT})"
         )
     try:
         return _EVENT_ADAPTER.validate_python(obj, context={"limits": limits})
@@ -396,11 +256,11 @@ def _reason(exc: ValidationError) -> str:
         return "missing field: type"
     if kind == "union_tag_invalid":
         given = error["input"].get("type") if isinstance(error["input"], dict) else None
-        return f"unknown type: {_shown(given)} (expected one of {', '.join(_TYPE_TAGS)})"
+        return f"unknown type: {shown(given)} (expected one of {', '.join(_TYPE_TAGS)})"
     if kind == "missing":
         return f"missing field: {where}"
     detail = _TYPE_WORDS.get(kind, error["msg"])
-    return f"wrong type: {where}: {detail}, got {_json_type(error['input'])}"
+    return f"wrong type: {where}: {detail}, got {json_type(error['input'])}"
 
 
 _TYPE_TAGS = ("page", "link_added", "link_removed", "page_removed")

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from producer.field_checks import links_at_once, links_one_by_one
 from producer.schema import (
     DEFAULT_LIMITS,
     Limits,
@@ -26,6 +27,7 @@ from producer.schema import (
     iter_events,
     make_event,
 )
+from producer.urls import canonicalize_url
 from rankstream.errors import InputError
 from rankstream.settings import Settings
 
@@ -410,3 +412,36 @@ def test_a_link_holding_a_newline_is_refused_on_the_fast_path_too(links):
     like two canonical URLs there, and must be refused as the slow path does."""
     with pytest.raises(InputError, match=r"bad url: links\[\d\]: control character"):
         decode_event(_raw({**_PAGE, "links": links}))
+
+
+# Canonical and non-canonical spellings, a self link, texts empty, absent, Unicode.
+_LINK_URLS = st.sampled_from(["https://a.org/", "https://a.org/b", "HTTPS://A.org/b",
+                              "https://a.org/c#top", "http://b.org/x?y=1", "file:///tmp/f",
+                              "https://page.org/"])
+_LINKS = st.lists(st.one_of(
+    _LINK_URLS,
+    st.builds(lambda url, text: {"url": url, "text": text}, _LINK_URLS,
+              st.one_of(st.none(), st.sampled_from(["", "Bee", "über", "two words"]))),
+    st.builds(lambda url: {"url": url}, _LINK_URLS),
+), max_size=8)
+
+
+@given(links=_LINKS)
+@settings(max_examples=300)
+def test_the_all_at_once_link_path_agrees_with_the_one_by_one_path(links: list[Any]) -> None:
+    """links_at_once (one regex over all URLs) takes the usual page; whatever it takes,
+    the link-by-link path must give the same links and anchors."""
+    page = "https://page.org/"
+    at_once = links_at_once(links, page, DEFAULT_LIMITS)
+    if at_once is not None:
+        assert at_once == links_one_by_one(links, page, DEFAULT_LIMITS)
+    else:  # only a URL that needs canonicalising sends a page the long way
+        assert any((link if isinstance(link, str) else link["url"]) != page
+                   and canonicalize_url(link if isinstance(link, str) else link["url"])
+                   != (link if isinstance(link, str) else link["url"]) for link in links)
+
+
+def test_a_lone_surrogate_in_anchor_text_is_refused_on_the_fast_path_too() -> None:
+    with pytest.raises(InputError, match=r"bad text: links\[1\]\.text: invalid unicode"):
+        decode_event(b'{"type":"page","url":"https://p.org/","links":["https://a.org/",'
+                     b'{"url":"https://b.org/","text":"x\\ud800"}]}')

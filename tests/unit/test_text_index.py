@@ -20,6 +20,7 @@ from consumer.text_index import (
     index_text,
     query_terms,
     term_key,
+    term_line,
     tokenize,
 )
 from rankstream.errors import InputError
@@ -62,6 +63,21 @@ def test_a_term_tokenizes_to_itself(text: str) -> None:
     that normalised again into another."""
     for term in tokenize(text):
         assert tokenize(term) == [term]
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=127)))
+def test_ascii_text_takes_a_shortcut_to_the_same_words(text: str) -> None:
+    """ASCII skips NFKC, case folding and the mark-aware regex; the words must match."""
+    from consumer.text_index import _WORD_RE, _normal_form, _words
+
+    assert _words(text) == _WORD_RE.findall(_normal_form(text))
+
+
+@given(st.one_of(st.text(), st.text(min_size=250, max_size=400)))
+def test_a_term_line_is_the_sorted_terms(text: str) -> None:
+    """term_line (what the term index stores; its own cache) against tokenize."""
+    assert term_line(text) == " ".join(sorted(tokenize(text)))
+    assert term_line(text * 3) == " ".join(sorted(tokenize(text * 3)))  # past the cache
 
 
 def test_the_mark_class_covers_every_combining_mark() -> None:
