@@ -153,8 +153,9 @@ def tokenize(text: str, *, max_terms: int = MAX_TERMS_PER_TEXT) -> list[str]:
 # Anchor texts repeat ("next", "tutorial", a site's menu on every page) and a
 # consumer tokenizes every title and anchor of every crawl: cached, the normal form
 # and the regex run once per distinct short text. Bounded in entries and in text
-# length (texts have no length limit of their own), so at most about 20 MB, and a
-# stream of unique texts only costs the cache's churn.
+# length (texts have no length limit of their own), so at most about 20 MB for each
+# of the two caches (tokenize's, and term_line's, which the consumer uses), and a
+# stream of unique texts only costs the caches' churn.
 CACHED_TEXT_CHARS = 256
 
 

@@ -141,17 +141,25 @@ class PageEvent(_EventBase):
     def _canonical_links(cls, data: Any, info: ValidationInfo) -> Any:
         # One Python pass over the links does canonicalisation, limits, self-link and
         # duplicate removal; pydantic then only checks the resulting tuple of strings.
-        if not isinstance(data, Mapping):
+        if isinstance(data, PageEvent):
             return data
+        if not isinstance(data, Mapping):
+            # Only model_validate(..., from_attributes=True) gets here (the union
+            # routes events by their "type" key): it would skip the checks below.
+            fail("wrong type", f"page event: expected object, got {json_type(data)}")
         limits = _limits_of(info)
         out = dict(data)
         page_url = None
         if "url" in data:
             page_url = out["url"] = checked_url(data["url"], limits, "url")
         links = data.get("links")
-        if not isinstance(links, list | tuple):
+        if links is None:  # pydantic says which: missing, or null
             out.pop("anchors", None)
             return out
+        if not isinstance(links, list | tuple):
+            # pydantic's tuple would also take a set or a generator (from make_event),
+            # whose URLs the checks below would never see.
+            fail("wrong type", f"links: expected array, got {json_type(links)}")
         if len(links) > limits.max_links_per_page:
             fail("too many links", f"{len(links)} > {limits.max_links_per_page}")
         out["links"], out["anchors"] = (links_at_once(links, page_url, limits)

@@ -445,3 +445,21 @@ def test_a_lone_surrogate_in_anchor_text_is_refused_on_the_fast_path_too() -> No
     with pytest.raises(InputError, match=r"bad text: links\[1\]\.text: invalid unicode"):
         decode_event(b'{"type":"page","url":"https://p.org/","links":["https://a.org/",'
                      b'{"url":"https://b.org/","text":"x\\ud800"}]}')
+
+
+@pytest.mark.parametrize("links", [{"javascript:alert(1)"}, frozenset({"http://a/"}),
+                                   (u for u in ["javascript:x"]), "http://b/", 5])
+def test_links_that_are_not_a_list_are_refused_before_their_urls_could_slip_past(
+        links: Any) -> None:
+    with pytest.raises(InputError, match=r"^wrong type: links: expected array, got "):
+        make_event({"type": "page", "url": "http://p/", "links": links})
+
+
+def test_a_page_event_from_attributes_is_refused_rather_than_left_unchecked() -> None:
+    class Crawled:
+        url, links, anchors = "http://p/", ["javascript:x"], 5
+
+    with pytest.raises(pydantic.ValidationError, match="expected object"):
+        PageEvent.model_validate(Crawled(), from_attributes=True)
+    event = make_event({"type": "page", "url": "http://p/", "links": []})
+    assert PageEvent.model_validate(event) == event
