@@ -41,7 +41,12 @@ from tests.faults.stack import FaultStack, consumers, wait_for
 from tests.faults.summary import record
 
 MIN_KILLS = 24  # four of each kind
-MAX_KILLS = 36
+# Aimed kills win a race with the consumer (Redis frozen after its lease check, the
+# kill 0-20 ms later: only an EXEC sent in between is "in flight"), which a loaded box
+# tilts: one CI run (session 33) missed that class in all 12 aimed kills past the 24th,
+# where every earlier run had hit it 1-5 times in 24; twelve more chances, spent only
+# when a class is still missing.
+MAX_KILLS = 48
 LOG_EVENTS = 5000
 RATE = 70.0  # messages/s: the replay lasts about as long as the kills
 REQUIRED = ("graph transaction in flight", "publication in flight", "aborted")
