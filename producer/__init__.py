@@ -2,6 +2,8 @@
 
 * :mod:`producer.schema` - the versioned event contract (``docs/events.md``):
   :func:`decode_event`, :func:`encode_event`, :func:`event_key`, :func:`iter_events`.
+* :mod:`producer.field_checks` - :class:`Limits` and the checks the schema's
+  validators run on URLs, link lists, texts and timestamps.
 * :mod:`producer.urls` - :func:`canonicalize_url`, the one place URLs are normalised.
 * :mod:`producer.client` - :class:`LinkPublisher`, what crawlers call.
 * :mod:`producer.synthetic` - a seeded web-like event stream for demos and load.
