@@ -185,12 +185,14 @@ def term_line(text: str) -> str:
     term index stores a text (:mod:`consumer.text_postings`). Cached as tokenize is."""
     if len(text) <= CACHED_TEXT_CHARS:
         return _cached_term_line(text)
+    return _term_line(text)
+
+
+def _term_line(text: str) -> str:
     return " ".join(sorted(_terms(text, MAX_TERMS_PER_TEXT)))
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def _cached_term_line(text: str) -> str:
-    return " ".join(sorted(_terms(text, MAX_TERMS_PER_TEXT)))
+_cached_term_line = functools.lru_cache(maxsize=1 << 16)(_term_line)
 
 
 def query_terms(query: str) -> list[str]:

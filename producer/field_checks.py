@@ -129,18 +129,19 @@ _Links = tuple[tuple[str, ...], tuple[tuple[str, str], ...]]
 
 
 def links_at_once(links: list[Any] | tuple[Any, ...], page_url: str | None,
-                   limits: Limits) -> _Links | None:
+                  limits: Limits) -> _Links | None:
     """The page's links if every URL is already canonical, allowed and short: one
     regex vets them all (the usual page, with or without anchor text). None: some
     link needs :func:`links_one_by_one` (canonicalising, or an error to report)."""
+    urls: list[Any] | tuple[Any, ...]
+    texts: list[tuple[int, str, str]]
     if _all_plain_and_canonical(links, limits):
-        unique = dict.fromkeys(links)
-        unique.pop(page_url, None)
-        return tuple(unique), ()
-    split = _canonical_links_and_texts(links, limits)
-    if split is None:
-        return None
-    urls, texts = split
+        urls, texts = links, []
+    else:
+        split = _canonical_links_and_texts(links, limits)
+        if split is None:
+            return None
+        urls, texts = split
     unique = dict.fromkeys(urls)
     unique.pop(page_url, None)
     first_texts: dict[str, str] = {}
@@ -148,12 +149,13 @@ def links_at_once(links: list[Any] | tuple[Any, ...], page_url: str | None,
         checked_text(text, f"links[{index}].text")  # a self link's too, as below
         if url != page_url and url not in first_texts:
             first_texts[url] = text
-    return tuple(unique), tuple((url, first_texts[url]) for url in unique
-                                if url in first_texts)
+    anchors = (tuple((url, first_texts[url]) for url in unique if url in first_texts)
+               if first_texts else ())
+    return tuple(unique), anchors
 
 
 def links_one_by_one(links: list[Any] | tuple[Any, ...], page_url: str | None,
-                      limits: Limits) -> _Links:
+                     limits: Limits) -> _Links:
     """The page's links, each canonicalised and checked on its own."""
     seen: dict[str, None] = {}
     anchors: dict[str, str] = {}
@@ -162,7 +164,7 @@ def links_one_by_one(links: list[Any] | tuple[Any, ...], page_url: str | None,
         if type(item) is not str:
             if not isinstance(item, Mapping):
                 fail("wrong type", f"links[{index}]: expected URL string or "
-                      f"{{url, text}} object, got {json_type(item)}")
+                     f"{{url, text}} object, got {json_type(item)}")
             text = item.get("text")
             item = item.get("url")
             if item is None:
@@ -171,7 +173,7 @@ def links_one_by_one(links: list[Any] | tuple[Any, ...], page_url: str | None,
         if text is not None:
             if type(text) is not str:
                 fail("wrong type", f"links[{index}].text: expected string, "
-                      f"got {json_type(text)}")
+                     f"got {json_type(text)}")
             # Checked where it is not kept too (a self link's, a later duplicate's):
             # whether an event is valid must not depend on where its links point.
             text = checked_text(text, f"links[{index}].text") if text else None
