@@ -40,6 +40,7 @@ from consumer.keys import LAYOUT_FIELD, LAYOUT_VERSION, Keys, check_layout_value
 from consumer.resp import command, pooled_connection, set_commands, transaction
 from consumer.text_postings import index_commands
 from ranker.edge_batches import pair_keys, sorted_unique, split_pair_keys
+from rankstream.batching import chunks
 from rankstream.errors import ServiceError
 from rankstream.text_changes import TextChanges
 
@@ -209,14 +210,10 @@ def plan_links(graph: Any, batch: Any) -> PlannedLinks:
 Command = tuple[Any, ...]
 
 
-def _chunks(values: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(values), size):
-        yield values[start:start + size]
-
-
-def _hset_commands(key: str, mapping: Mapping[Any, Any]) -> Iterator[Command]:
+def hset_commands(key: str, mapping: Mapping[Any, Any]) -> Iterator[Command]:
+    """HSETs of ``mapping`` into ``key``, :data:`HSET_CHUNK` fields each (none if empty)."""
     flat = [item for pair in mapping.items() for item in pair]
-    for chunk in _chunks(flat, 2 * HSET_CHUNK):
+    for chunk in chunks(flat, 2 * HSET_CHUNK):
         yield ("HSET", key, *chunk)
 
 
@@ -286,8 +283,8 @@ def new_pages_commands(keys: Keys, new_pages: Sequence[tuple[int, str]], *,
         ids = np.fromiter((pid for pid, _ in new_pages), dtype="<i4", count=len(new_pages))
         return [("EVAL", NEW_PAGES_SCRIPT, 0, keys.page_id, keys.page_url, ids.tobytes(),
                  "\n".join(urls))]
-    return [*_hset_commands(keys.page_id, {url: pid for pid, url in new_pages}),
-            *_hset_commands(keys.page_url, dict(new_pages))]
+    return [*hset_commands(keys.page_id, {url: pid for pid, url in new_pages}),
+            *hset_commands(keys.page_url, dict(new_pages))]
 
 
 def bookkeeping_commands(keys: Keys, write: GraphWrite, *, bulk: bool = False
@@ -297,21 +294,21 @@ def bookkeeping_commands(keys: Keys, write: GraphWrite, *, bulk: bool = False
     cmds: list[Command] = new_pages_commands(keys, write.new_pages, bulk=bulk)
     if write.revived_ids:
         cmds.extend(("SREM", keys.page_removed, *c)
-                    for c in _chunks(list(write.revived_ids), MEMBER_CHUNK))
+                    for c in chunks(list(write.revived_ids), MEMBER_CHUNK))
     if write.removed_ids:
         cmds.extend(("SADD", keys.page_removed, *c)
-                    for c in _chunks(list(write.removed_ids), MEMBER_CHUNK))
+                    for c in chunks(list(write.removed_ids), MEMBER_CHUNK))
     if write.ts_updates:
-        cmds.extend(_hset_commands(keys.page_ts, write.ts_updates))
+        cmds.extend(hset_commands(keys.page_ts, write.ts_updates))
     if write.crawled_bitmap is not None:
         cmds.append(("SET", keys.page_crawled, write.crawled_bitmap))
     if write.crawled_changes:
         ops = [x for page, flag in sorted(write.crawled_changes.items())
                for x in ("SET", "u1", page, int(flag))]
         cmds.extend(("BITFIELD", keys.page_crawled, *c)
-                    for c in _chunks(ops, 4 * BITFIELD_CHUNK))
+                    for c in chunks(ops, 4 * BITFIELD_CHUNK))
     if write.titles:
-        cmds.extend(_hset_commands(keys.page_title, write.titles))
+        cmds.extend(hset_commands(keys.page_title, write.titles))
     cmds.append(("HSET", keys.graph, *[x for kv in write.counters.as_mapping().items()
                                        for x in kv], LAYOUT_FIELD, LAYOUT_VERSION))
     if write.offsets:

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import math
 import sys
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rankstream.batching import chunks
 from rankstream.edgelist import read_edges, read_teleport
 from rankstream.errors import ConvergenceError, InputError, RankstreamError
 from rankstream.input_files import input_path, same_input
@@ -43,7 +43,6 @@ ALGORITHMS = ("pagerank", "wpr", "hits")
 # residual sums themselves, relative to sum(y).
 VERIFY_ROUNDING = 64 * float(np.finfo(np.float64).eps)
 MAX_BATCH_SIZE = 10**9
-T = TypeVar("T")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,12 +102,6 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError(f"--tolerance must lie strictly between 0 and 1, got {args.tolerance:g}")
     if args.damping is not None and not 0.0 < args.damping < 1.0:
         raise InputError("--damping must lie strictly between 0 and 1")
-
-
-def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
-    iterator = iter(items)
-    while chunk := list(itertools.islice(iterator, size)):
-        yield chunk
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -315,7 +308,7 @@ def _edge_batches(
 
     applier = EventApplier(graph, crawled=crawled)
     events = (event for _, event in iter_events(args.events, limits))
-    for chunk in _chunks(events, args.batch_size):
+    for chunk in chunks(events, args.batch_size):
         applied = applier.apply(chunk)
         tally["applied"] += applied.applied
         tally["stale"] += applied.stale_ignored

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import consumer.rekey as rekey_module
 from consumer.hits_query import HitsQuery, run_hits
 from consumer.keys import ALGORITHMS, Keys
 from consumer.lock import ConsumerLock, LockHeld
@@ -66,9 +67,13 @@ def _answers(client: Any, prefix: str) -> dict[str, Any]:
             if key not in ("cached", "timing_ms")}
 
 
-def test_rekey_keeps_the_graph_and_drops_only_the_forgotten_ids(one_partition: Settings
-                                                                 ) -> None:
+def test_rekey_keeps_the_graph_and_drops_only_the_forgotten_ids(
+        one_partition: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     settings = one_partition
+    # Chunks of a few keys and commands, so that the copy crosses every chunk boundary
+    # (each full-size chunk is the same code).
+    for name in ("WRITE_CHUNK", "READ_CHUNK", "SETS_PER_PAYLOAD"):
+        monkeypatch.setattr(rekey_module, name, 3)
     # Beside the old prefix, not under it: deleting the old keys must not touch these.
     new = settings.model_copy(update={"key_prefix": settings.key_prefix[:-1] + "-v2:"})
     client = redis_client(settings)
@@ -163,7 +168,6 @@ def test_a_copy_cut_short_is_refused_by_consumers_and_readers(one_partition: Set
     """P graph is marked unfinished by the copy's first write: a consumer started on a
     half-copied prefix re-read the topic from offset 0 (no P offsets yet), a review
     found. The old prefix moving during the copy is refused too."""
-    import consumer.rekey as rekey_module
     from consumer.options import ConsumeOptions
     from consumer.redis_store import check_layout
     from consumer.service import ConsumerService

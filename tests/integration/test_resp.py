@@ -7,7 +7,14 @@ import pytest
 import redis as redis_py
 
 from consumer.redis_store import connect_redis, redis_errors
-from consumer.resp import TransactionFailed, command, pooled_connection, set_commands, transaction
+from consumer.resp import (
+    TransactionFailed,
+    command,
+    pooled_connection,
+    send_commands,
+    set_commands,
+    transaction,
+)
 from rankstream.services.testing import Isolated
 
 
@@ -26,6 +33,21 @@ def test_a_large_transaction_runs_whole_and_leaves_the_connection_usable(isolate
     assert replies[:-1] == [1] * owners.size and replies[-1] in (b"OK", "OK")
     assert client.smembers(f"{prefix}s:99999") == {b"299997"}
     assert client.get(f"{prefix}done") == b"1"  # the pooled connection is still in step
+
+
+def test_pipelined_payloads_of_many_commands_are_all_answered(isolated, client):
+    """A payload holding a command per owner, counted: every reply is read, so the pooled
+    connection stays in step (rekey's link sets; a reply left unread once answered the
+    next SCAN)."""
+    prefix = isolated.key_prefix
+    owners = np.arange(3_000, dtype=np.int32)
+    payloads = [set_commands("SADD", f"{prefix}p:", owners[:1_000], np.ones(1_000), owners[:1_000]),
+                command("SADD", f"{prefix}p:0", "0"),  # already there: 0, not 1
+                set_commands("SADD", f"{prefix}p:", owners[1_000:], np.ones(2_000),
+                             owners[1_000:])]
+    replies = send_commands(client, payloads, [1_000, 1, 2_000])
+    assert replies == [1] * 1_000 + [0] + [1] * 2_000
+    assert client.ping() is True and client.smembers(f"{prefix}p:2999") == {b"2999"}
 
 
 def test_a_changed_watched_key_refuses_the_whole_transaction(isolated, client):
