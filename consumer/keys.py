@@ -1,7 +1,12 @@
 """Redis key names under the configurable prefix (the public layout of docs/redis-keys.md).
 
-One place builds every key so the consumer, the readers and the tests cannot
-drift apart. Keys are ``str``; members and ids are decimal strings in Redis.
+One place builds the graph's, the scores' and the service's keys so the consumer,
+the readers and the tests cannot drift apart. The keys of one feature live with it:
+the term index's (``term:``, :func:`consumer.text_index.term_key`; ``termcount:``,
+:func:`consumer.text_postings.termcount_key`, and its Lua script, which builds both
+from the prefix), the HITS cache's (:mod:`consumer.hits_query`) and the publication's
+back buffers (:mod:`consumer.score_publisher`). Keys are ``str``; members and ids
+are decimal strings in Redis.
 """
 
 from __future__ import annotations

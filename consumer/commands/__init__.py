@@ -1,14 +1,6 @@
-"""The consumer's subcommands: ``consume``, ``top``, ``score`` and ``status``.
+"""The consumer's subcommands: ``consume``, ``top``, ``score``, ``status`` and ``rekey``.
 
 Each module exposes ``add_arguments(parser)`` and ``run(args, settings) -> int``
-and is registered by one line in ``COMMANDS`` of :mod:`rankstream.cli`
-(:data:`COMMAND_TABLE` holds exactly those lines).
+and is registered by one line in ``COMMANDS`` of :mod:`rankstream.cli`, the one
+table of every ``rankstream`` command (``python -m consumer`` uses it too).
 """
-
-COMMAND_TABLE: dict[str, tuple[str, str]] = {
-    "consume": ("consumer.commands.consume",
-                "run the streaming consumer: Kafka events -> Redis graph and live scores"),
-    "top": ("consumer.commands.top", "print the live top-k pages from Redis"),
-    "score": ("consumer.commands.score", "print one URL's live scores from Redis"),
-    "status": ("consumer.commands.status", "print consumer health, counters and freshness"),
-}
