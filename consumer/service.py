@@ -1,11 +1,10 @@
 """`rankstream consume`: the loop from Kafka to the Redis graph and live scores.
 
 One iteration: poll a batch -> validate (invalid -> dead-letter topic, confirmed)
--> interpret into one net edge batch -> ONE fenced MULTI/EXEC with the graph
-changes and the next offsets -> apply to the in-memory engines -> publish the
-scores and meta once that EXEC succeeded (see :mod:`consumer.score_publisher`)
--> status heartbeat. Once its transaction settled, a batch's offsets also go to
-Kafka's group, for lag tools only (:meth:`consumer.graph_commits.GraphCommits.settle`).
+-> interpret into one net edge batch -> ONE fenced MULTI/EXEC with the graph changes
+and the next offsets -> apply to the engines -> publish scores and meta once that EXEC
+succeeded (:mod:`consumer.score_publisher`) -> heartbeat. Kafka's group gets the offsets
+too once the EXEC settled, for lag tools only (:meth:`.GraphCommits.settle`).
 
 Concurrency: the graph transaction runs on a writer thread
 (:mod:`consumer.graph_commits`) while a ranker thread applies the same batch to the
