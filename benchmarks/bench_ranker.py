@@ -40,7 +40,7 @@ import hashlib
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
 
@@ -193,20 +193,26 @@ class Lane:
     reference: np.ndarray
     exact_tol: float
     setting: float = float("nan")
+    contended: dict[str, bool] = field(default_factory=dict)
 
     def feed(self, batch: EdgeBatch, *, timed_variant: str | None = None) -> tuple[
             dict[str, float], dict[str, RefreshReport], np.ndarray]:
         """Apply ``batch`` to both engines, then advance the exact reference (untimed).
 
         Returns (seconds by variant, reports by variant, |reference move| by page).
+        :attr:`contended` says which variants found the second core taken meanwhile.
         """
         seconds: dict[str, float] = {}
         reports: dict[str, RefreshReport] = {}
+        self.contended = {}
         for variant, ranks in (("incr", self.calibrated), ("incr-c", self.certified)):
             copy = _copy(batch)
+            guard = ranks.thread_guard
+            taken, paused = guard.taken_count, guard.paused()
             started = time.perf_counter()
             reports[variant] = ranks.apply(copy)[self.algorithm]
             seconds[variant] = time.perf_counter() - started
+            self.contended[variant] = paused or guard.taken_count > taken
         old = self.reference
         self.reference = exact(self.calibrated.graph, self.algorithm, old, self.exact_tol)
         moved = np.abs(self.reference - _padded(old, self.reference.size))
@@ -357,6 +363,8 @@ def run_graph(setup: Setup, accuracy: float, repeats: int, seed: int, warmups: i
                 row.certified.append(reports["incr-c"].max_abs_bound)
                 row.fresh_c.append(reports["incr-c"].fresh)
                 row.pushes.append(reports["incr"].pushes)
+                row.contended.append(lane.contended["incr"])
+                row.contended_c.append(lane.contended["incr-c"])
                 row.moved.append(int((moved > accuracy).sum()))
         check_identical(list(graphs.values()))  # probe is what the competitors time
         for a in ALGORITHMS:

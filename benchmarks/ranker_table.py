@@ -30,6 +30,10 @@ class Row:
     certified: list[float] = field(default_factory=list)
     fresh_c: list[bool] = field(default_factory=list)  # incr-c's reports said fresh
     pushes: list[int] = field(default_factory=list)
+    # Timed batches (incr, incr-c) during which the engine's ThreadGuard found the
+    # second core taken and ran its kernels on one thread (ranker._thread_guard).
+    contended: list[bool] = field(default_factory=list)
+    contended_c: list[bool] = field(default_factory=list)
     moved: list[int] = field(default_factory=list)
     setting: float = float("nan")
     sweep: float = float("nan")
@@ -54,7 +58,9 @@ cold: our cold solve at the loosest tolerance whose MEASURED max-abs error is wi
 accuracy; cold-c: our cold solve CERTIFYING it; x ...: competitor time / incremental time.
 Detail lines: setting = calibrated max_error; moved = pages whose exact y moved by more than
 the accuracy (median over the timed batches); sweep = ONE Gauss-Seidel sweep over the whole
-graph (a lower bound once most pages must move); ceiling = igraph (PR) or cold (WPR) / sweep."""
+graph (a lower bound once most pages must move); ceiling = igraph (PR) or cold (WPR) / sweep;
+SECOND CORE TAKEN = timed batches during which another process held the second core, so the
+engine ran its kernels on one thread (its times are then not the engine's, rerun when quiet)."""
 
 
 def _ms(seconds: float) -> str:
@@ -101,7 +107,17 @@ def row_details(row: Row) -> str:
     return (f"setting max_error {row.setting:.0e}; incr-c mode {_modes(row.modes_c)}, certified "
             f"max-abs {max(row.certified):.1e}; moved > accuracy {moved:,}"
             f" of {row.pages:,} pages; incr pushes {int(statistics.median(row.pushes)):,}; "
-            f"one sweep {_ms(row.sweep)} ms, ceiling {_ratio(ceiling_of, row.sweep)}x")
+            f"one sweep {_ms(row.sweep)} ms, ceiling {_ratio(ceiling_of, row.sweep)}x"
+            f"{_contention(row)}")
+
+
+def _contention(row: Row) -> str:
+    """Says when a timed batch lost the second core (its kernels then ran on one)."""
+    if not any(row.contended) and not any(row.contended_c):
+        return ""
+    return (f"; SECOND CORE TAKEN during {sum(row.contended)} of {len(row.contended)} incr "
+            f"and {sum(row.contended_c)} of {len(row.contended_c)} incr-c batches "
+            "(one kernel thread for a while after each)")
 
 
 def crossover(rows: Sequence[Row], graph: str, algorithm: str) -> str:

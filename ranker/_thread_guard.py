@@ -58,6 +58,7 @@ class ThreadGuard:
         self.until = -float("inf")  # kernels on one thread until this clock reading
         self.wall = 0.0  # two-thread sweeps timed since the last judgement
         self.cpu = 0.0
+        self.taken_count = 0  # judgements that found the second core taken (benchmarks)
 
     def paused(self) -> bool:
         return self.clock() < self.until
@@ -90,6 +91,7 @@ class ThreadGuard:
         taken = self.cpu < SHARED_CORES * self.wall
         self.wall = self.cpu = 0.0
         if taken:
+            self.taken_count += 1
             self.until = self.clock() + PAUSE_SECONDS
             numba.set_num_threads(1)
         return not taken

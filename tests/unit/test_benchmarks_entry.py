@@ -48,3 +48,14 @@ def test_the_crossover_is_the_smallest_losing_batch_whatever_the_order():
     assert crossover([row(10000, 2.0), row(1000, 1.5), row(100, 0.1)], "g",
                      "pagerank") == "1000"
     assert crossover([row(1000, 0.1), row(10, 0.1)], "g", "pagerank") == "none up to 1000"
+
+
+def test_the_details_say_when_a_timed_batch_lost_the_second_core():
+    from benchmarks.ranker_table import Row, row_details
+
+    row = Row("g", "wpr", 1000, inc=[0.1, 0.2], moved=[5, 5], pushes=[9, 9],
+              certified=[1e-7, 1e-7], modes_c=["global"] * 2, setting=1e-5)
+    row.contended, row.contended_c = [False, False], [False, False]
+    assert "TAKEN" not in row_details(row)
+    row.contended = [False, True]
+    assert "SECOND CORE TAKEN during 1 of 2 incr and 0 of 2 incr-c batches" in row_details(row)
