@@ -64,6 +64,7 @@ log = logging.getLogger("rankstream.rekey")
 
 WRITE_CHUNK = 5_000  # commands per pipeline round trip
 READ_CHUNK = 1_000  # index keys (or page contributions) read per round trip
+SCAN_COUNT = 1_000  # SCAN's COUNT hint: keys of the whole db visited per call
 SETS_PER_PAYLOAD = 10_000  # link sets per raw RESP payload (about 1 MB)
 
 
@@ -107,7 +108,7 @@ def rekey(client: redis.Redis, old_prefix: str, new_prefix: str, topic: str, *,
 
 def _check_empty(client: redis.Redis, prefix: str, own_lock: str) -> None:
     with redis_errors("checking the new prefix"):
-        for key in client.scan_iter(match=f"{_glob_escaped(prefix)}*", count=1000):
+        for key in client.scan_iter(match=f"{_glob_escaped(prefix)}*", count=SCAN_COUNT):
             if key.decode() != own_lock:
                 raise ConfigError(f"the new prefix {prefix!r} already holds data "
                                   f"({key.decode()!r}); delete it first")
@@ -223,7 +224,7 @@ def _copy_terms(client: redis.Redis, old: Keys, new: Keys, new_id: np.ndarray) -
     2m11s of a 374k-page index with 189k terms, 60% of that in socket waits."""
     head = f"{old.prefix}term:"
     copied = 0
-    keys = client.scan_iter(match=f"{_glob_escaped(head)}*", count=READ_CHUNK)
+    keys = client.scan_iter(match=f"{_glob_escaped(head)}*", count=SCAN_COUNT)
     for chunk in chunks(keys, READ_CHUNK):
         terms = [key.decode()[len(head):] for key in chunk]
         pipe = client.pipeline(transaction=False)
@@ -243,7 +244,7 @@ def _copy_terms(client: redis.Redis, old: Keys, new: Keys, new_id: np.ndarray) -
                 if (page := _renumbered(counted, new_id)) is not None}))
             copied += 1
         _write(client, writes)
-    contributions = client.hscan_iter(old.page_terms, count=READ_CHUNK)
+    contributions = client.hscan_iter(old.page_terms, count=SCAN_COUNT)
     for chunk in chunks(contributions, READ_CHUNK):
         _write(client, hset_commands(new.page_terms, {
             giver: lines for source, text in chunk
