@@ -1,0 +1,47 @@
+"""docs/redis-keys.md is the public key reference: its table must name exactly the keys
+the code builds, so a renamed or new key cannot land without the doc saying so."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from consumer.hits_query import _cache_key
+from consumer.keys import ALGORITHMS, Keys
+from consumer.score_publisher import ScorePublisher, filled_marker
+from consumer.text_index import term_key
+from consumer.text_postings import termcount_key
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "redis-keys.md"
+P = "P "  # the doc writes the prefix as "P "
+
+
+def documented_keys() -> set[str]:
+    """The first column of the key table: `P page:id`, `P out:{id}`..."""
+    rows = re.findall(r"^\| `(P [^`]+)` \|", DOC.read_text(), flags=re.MULTILINE)
+    assert rows, f"no key table found in {DOC}"
+    return set(rows)
+
+
+def built_keys() -> set[str]:
+    """Every key the code builds, with the doc's placeholders for the variable parts."""
+    keys = Keys(P)
+    properties = {getattr(keys, name) for name, value in vars(Keys).items()
+                  if isinstance(value, property) and not name.endswith("_head")}
+    # One representative per algorithm is enough: the doc writes `{alg}`.
+    assert "pagerank" in ALGORITHMS
+    publisher = ScorePublisher(None, keys, damping=0.85, tolerance=1e-6,  # type: ignore[arg-type]
+                               publish_threshold=0.0, owner="{owner}")
+    back = publisher.back_key("{alg}")
+    digest = re.sub(r"[0-9a-f]{32}$", "{digest}", _cache_key(P, {}, (0, "")))
+    return properties | {
+        keys.out_links("{id}"), keys.in_links("{id}"),  # type: ignore[arg-type]
+        keys.scores("{alg}"), keys.meta("{alg}"), back, filled_marker(back),
+        term_key(P, "{term}"), termcount_key(P, "{term}"), digest,
+    }
+
+
+def test_the_key_reference_names_exactly_the_keys_the_code_builds() -> None:
+    documented, built = documented_keys(), built_keys()
+    assert built - documented == set(), "keys the code builds that the doc leaves out"
+    assert documented - built == set(), "keys the doc names that the code never builds"
