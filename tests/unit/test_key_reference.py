@@ -1,5 +1,7 @@
 """docs/redis-keys.md is the public key reference: its table must name exactly the keys
-the code builds, so a renamed or new key cannot land without the doc saying so."""
+the code builds, and its list of ``P meta:{alg}`` fields exactly the fields a
+publication writes, so a renamed or new key or field cannot land without the doc
+saying so."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from pathlib import Path
 
 from consumer.hits_query import _cache_key
 from consumer.keys import ALGORITHMS, Keys
+from consumer.publication import meta_fields
 from consumer.score_publisher import ScorePublisher, filled_marker
 from consumer.text_index import term_key
 from consumer.text_postings import termcount_key
@@ -45,3 +48,17 @@ def test_the_key_reference_names_exactly_the_keys_the_code_builds() -> None:
     documented, built = documented_keys(), built_keys()
     assert built - documented == set(), "keys the code builds that the doc leaves out"
     assert documented - built == set(), "keys the doc names that the code never builds"
+
+
+def test_the_meta_fields_listed_are_exactly_those_a_publication_writes() -> None:
+    text = DOC.read_text()
+    start = text.index("`P meta:{alg}` fields:")
+    paragraph = text[start:text.index("\n\n", start)]
+    # Field names come first in each item: `name` followed by a comma, a space and an
+    # opening parenthesis, or "and"; the values quoted in parentheses do not.
+    outside = re.sub(r"\([^()]*\)", "", paragraph.split(":", 1)[1])
+    listed = set(re.findall(r"`([a-z_]+)`", outside))
+    written = set(meta_fields(total=1.0, bound=0.0, tolerance=1e-6, fresh=True, version=1,
+                              refreshed_at="", offsets={}, damping=0.85, pages=1,
+                              mode="cold"))
+    assert listed == written
