@@ -1,7 +1,7 @@
 """docs/redis-keys.md is the public key reference: its table must name exactly the keys
-the code builds, and its list of ``P meta:{alg}`` fields exactly the fields a
-publication writes, so a renamed or new key or field cannot land without the doc
-saying so."""
+the code builds, and its lists of ``P meta:{alg}`` and ``P status`` fields exactly the
+fields the consumer writes there, so a renamed or new key or field cannot land
+without the doc saying so."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from consumer.hits_query import _cache_key
 from consumer.keys import ALGORITHMS, Keys
 from consumer.publication import meta_fields
 from consumer.score_publisher import ScorePublisher, filled_marker
+from consumer.stats import ConsumerStats
 from consumer.text_index import term_key
 from consumer.text_postings import termcount_key
 
@@ -50,15 +51,27 @@ def test_the_key_reference_names_exactly_the_keys_the_code_builds() -> None:
     assert documented - built == set(), "keys the doc names that the code never builds"
 
 
-def test_the_meta_fields_listed_are_exactly_those_a_publication_writes() -> None:
+def listed_fields(heading: str) -> set[str]:
+    """The backquoted names of the doc's paragraph starting ``heading``: the field
+    names, each followed by what it holds in parentheses (values quoted there are
+    left out). The paragraph ends at its first blank line or at its first sentence
+    after the list."""
     text = DOC.read_text()
-    start = text.index("`P meta:{alg}` fields:")
-    paragraph = text[start:text.index("\n\n", start)]
-    # Field names come first in each item: `name` followed by a comma, a space and an
-    # opening parenthesis, or "and"; the values quoted in parentheses do not.
-    outside = re.sub(r"\([^()]*\)", "", paragraph.split(":", 1)[1])
-    listed = set(re.findall(r"`([a-z_]+)`", outside))
+    start = text.index(heading) + len(heading)
+    paragraph = text[start:text.index("\n\n", start)].split(".\n", 1)[0]
+    while (bare := re.sub(r"\([^()]*\)", "", paragraph)) != paragraph:
+        paragraph = bare  # innermost parentheses first: they nest
+    return set(re.findall(r"`([a-z_]+)`", paragraph))
+
+
+def test_the_meta_fields_listed_are_exactly_those_a_publication_writes() -> None:
+    listed = listed_fields("`P meta:{alg}` fields:")
     written = set(meta_fields(total=1.0, bound=0.0, tolerance=1e-6, fresh=True, version=1,
                               refreshed_at="", offsets={}, damping=0.85, pages=1,
                               mode="cold"))
     assert listed == written
+
+
+def test_the_status_fields_listed_are_exactly_those_the_consumer_writes() -> None:
+    listed = listed_fields("`P status` fields:")
+    assert listed == set(ConsumerStats().status_fields(topic="t", counters=None))
