@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from consumer.hits_query import _cache_key
-from consumer.keys import ALGORITHMS, Keys
+from consumer.keys import Keys
 from consumer.publication import meta_fields
 from consumer.score_publisher import ScorePublisher, filled_marker
 from consumer.stats import ConsumerStats
@@ -32,8 +32,6 @@ def built_keys() -> set[str]:
     keys = Keys(P)
     properties = {getattr(keys, name) for name, value in vars(Keys).items()
                   if isinstance(value, property) and not name.endswith("_head")}
-    # One representative per algorithm is enough: the doc writes `{alg}`.
-    assert "pagerank" in ALGORITHMS
     publisher = ScorePublisher(None, keys, damping=0.85, tolerance=1e-6,  # type: ignore[arg-type]
                                publish_threshold=0.0, owner="{owner}")
     back = publisher.back_key("{alg}")
