@@ -1,7 +1,11 @@
-"""docs/redis-keys.md is the public key reference: its table must name exactly the keys
-the code builds, and its lists of ``P meta:{alg}`` and ``P status`` fields exactly the
-fields the consumer writes there, so a renamed or new key or field cannot land
-without the doc saying so."""
+"""The public references in docs/ held to the code, both ways, so a renamed or new key,
+field or event field cannot land without the doc saying so.
+
+* docs/redis-keys.md: its table names exactly the keys the code builds, and its lists
+  of ``P meta:{alg}`` and ``P status`` fields exactly the fields the consumer writes;
+* docs/events.md: its table of event types names exactly each model's input fields,
+  the optional ones (marked ``?``) exactly those with a default.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +19,10 @@ from consumer.score_publisher import ScorePublisher, filled_marker
 from consumer.stats import ConsumerStats
 from consumer.text_index import term_key
 from consumer.text_postings import termcount_key
+from producer.schema import LinkAddedEvent, LinkRemovedEvent, PageEvent, PageRemovedEvent
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "redis-keys.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOC = DOCS / "redis-keys.md"
 P = "P "  # the doc writes the prefix as "P "
 
 
@@ -73,3 +79,22 @@ def test_the_meta_fields_listed_are_exactly_those_a_publication_writes() -> None
 def test_the_status_fields_listed_are_exactly_those_the_consumer_writes() -> None:
     listed = listed_fields("`P status` fields:")
     assert listed == set(ConsumerStats().status_fields(topic="t", counters=None))
+
+
+MODELS = {"page": PageEvent, "link_added": LinkAddedEvent, "link_removed": LinkRemovedEvent,
+          "page_removed": PageRemovedEvent}
+INTERNAL = {"type", "anchors"}  # the discriminator; anchors are derived from ``links``
+
+
+def test_the_event_table_lists_each_types_fields_and_which_are_optional() -> None:
+    rows = dict(re.findall(r"^\| `([a-z_]+)` \| (`[^|]+) \|", (DOCS / "events.md").read_text(),
+                           flags=re.MULTILINE))
+    assert set(MODELS) <= set(rows), "an event type missing from docs/events.md"
+    for kind, model in MODELS.items():
+        listed = dict(re.findall(r"`([a-z_]+)`(\??)", rows[kind]))
+        fields = {name: info for name, info in model.model_fields.items()
+                  if name not in INTERNAL}
+        assert set(listed) == set(fields), kind
+        optional = {name for name, mark in listed.items() if mark}
+        assert optional == {name for name, info in fields.items()
+                            if not info.is_required()}, kind
