@@ -3,6 +3,7 @@ field or event field cannot land without the doc saying so.
 
 * docs/redis-keys.md: its table names exactly the keys the code builds, and its lists
   of ``P meta:{alg}`` and ``P status`` fields exactly the fields the consumer writes;
+* the README's key reference, a summary: every key it names is one the code builds;
 * docs/events.md: its table of event types names exactly each model's input fields,
   the optional ones (marked ``?``) exactly those with a default.
 """
@@ -53,6 +54,15 @@ def test_the_key_reference_names_exactly_the_keys_the_code_builds() -> None:
     documented, built = documented_keys(), built_keys()
     assert built - documented == set(), "keys the code builds that the doc leaves out"
     assert documented - built == set(), "keys the doc names that the code never builds"
+
+
+def test_the_readme_names_only_keys_the_code_builds() -> None:
+    readme = (DOCS.parent / "README.md").read_text()
+    rows = re.findall(r"^\| (`rs:.+?) \| [A-Z]", readme, flags=re.MULTILINE)
+    named = {re.sub(r"^rs:", P, key).replace("{pagerank,wpr}", "{alg}")
+             for row in rows for key in re.findall(r"`(rs:[^`]+)`", row)}
+    assert len(named) >= 15, "the README's key table was not found whole"
+    assert named - built_keys() == set()
 
 
 def listed_fields(heading: str) -> set[str]:
