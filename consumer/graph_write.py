@@ -258,6 +258,21 @@ def adjacency_commands(keys: Keys, write: GraphWrite) -> list[Command]:
     ]
 
 
+def set_payloads(verb: str, head: str, owners: np.ndarray, members: np.ndarray, *,
+                 sets_per_payload: int | None = None) -> Iterator[tuple[bytes, int]]:
+    """``verb head+owner member...`` per owner (:func:`group_members`) as raw RESP
+    (:func:`consumer.resp.set_commands`): ``(payload, commands in it)``, each payload
+    at most ``sets_per_payload`` commands (all in one if None)."""
+    group_owner, counts, ordered = group_members(owners, members)
+    step = sets_per_payload or max(int(group_owner.size), 1)
+    ends = np.cumsum(counts, dtype=np.int64)
+    for first in range(0, group_owner.size, step):
+        last = min(first + step, group_owner.size)
+        start = int(ends[first] - counts[first])
+        yield (set_commands(verb, head, group_owner[first:last], counts[first:last],
+                            ordered[start:int(ends[last - 1])]), last - first)
+
+
 def adjacency_payload(keys: Keys, write: GraphWrite) -> tuple[list[bytes], int]:
     """:func:`adjacency_commands` as RESP bytes, and how many commands they are."""
     payload: list[bytes] = []
@@ -266,10 +281,9 @@ def adjacency_payload(keys: Keys, write: GraphWrite) -> tuple[list[bytes], int]:
                                         ("SREM", keys.in_head, write.delete_dst, write.delete_src),
                                         ("SADD", keys.out_head, write.insert_src, write.insert_dst),
                                         ("SADD", keys.in_head, write.insert_dst, write.insert_src)):
-        group_owner, counts, ordered = group_members(owners, members)
-        if group_owner.size:
-            payload.append(set_commands(verb, head, group_owner, counts, ordered))
-            commands += int(group_owner.size)
+        for part, count in set_payloads(verb, head, owners, members):
+            payload.append(part)
+            commands += count
     return payload, commands
 
 

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from consumer.graph_write import MEMBER_CHUNK, group_members, hset_commands
+from consumer.graph_write import MEMBER_CHUNK, hset_commands, set_payloads
 from consumer.keys import ALGORITHMS, LAYOUT_FIELD, LAYOUT_VERSION, UNFINISHED_FIELD, Keys
 from consumer.lock import ConsumerLock
 from consumer.redis_store import (
@@ -55,7 +55,7 @@ from consumer.redis_store import (
     redis_errors,
     stored_data,
 )
-from consumer.resp import send_commands, set_commands
+from consumer.resp import send_commands
 from consumer.text_postings import termcount_key
 from rankstream.batching import chunks
 from rankstream.errors import ConfigError, ServiceError
@@ -190,17 +190,10 @@ def _write_graph(client: redis.Redis, new: Keys, state: StoredState, kept: np.nd
         commands.append(("SET", new.page_crawled, crawled_bitmap(state.crawled[kept])))
     _write(client, commands)
     src, dst = new_id[state.edge_src], new_id[state.edge_dst]
-    payloads, counts = [], []
-    for head, owners, members in ((new.out_head, src, dst), (new.in_head, dst, src)):
-        group_owner, group_size, ordered = group_members(owners, members)
-        ends = np.cumsum(group_size, dtype=np.int64)
-        for first in range(0, group_owner.size, SETS_PER_PAYLOAD):
-            last = min(first + SETS_PER_PAYLOAD, group_owner.size)
-            start = int(ends[first] - group_size[first])
-            payloads.append(set_commands("SADD", head, group_owner[first:last],
-                                         group_size[first:last],
-                                         ordered[start:int(ends[last - 1])]))
-            counts.append(last - first)
+    parts = [part for head, owners, members in ((new.out_head, src, dst), (new.in_head, dst, src))
+             for part in set_payloads("SADD", head, owners, members,
+                                      sets_per_payload=SETS_PER_PAYLOAD)]
+    payloads, counts = [payload for payload, _ in parts], [count for _, count in parts]
     failures = [reply for reply in send_commands(client, payloads, counts)
                 if isinstance(reply, Exception)]
     if failures:
