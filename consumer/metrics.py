@@ -12,7 +12,9 @@ stale the moment it is scraped. ``P status`` is what the lease holder last wrote
 no consumer running it stays as the last one left it, so judge it by
 ``rankstream_consumer_running`` and the heartbeat. An unpublished ranking's bound is
 ``+Inf``. A status field that does not parse as a number is left out rather than
-failing the scrape: its absence shows, and the other figures still arrive.
+failing the scrape: its absence shows, and the other figures still arrive. Before
+the first batch (no ``P graph``) the graph's counters read 0 and its gauges are
+absent.
 """
 
 from __future__ import annotations
@@ -143,7 +145,13 @@ class _Snapshot(Collector):
         for field, (name, text, counter) in _GRAPH.items():
             figure: GaugeMetricFamily | CounterMetricFamily = (
                 CounterMetricFamily(name, text) if counter else GaugeMetricFamily(name, text))
-            yield from _one(figure, _number(graph.get(field)))
+            value = _number(graph.get(field))
+            if value is None and counter and not graph:
+                # No graph yet: nothing applied, nothing dead-lettered. A counter that
+                # appeared only with the first batch would hide that batch's dead
+                # letters from increase(), which needs a sample before them.
+                value = 0.0
+            yield from _one(figure, value)
         yield from _scores(status["algorithms"])
 
 

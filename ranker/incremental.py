@@ -174,7 +174,7 @@ class LiveRanks:
                     report = engine.refresh()
                     report.mode, report.sweeps = "cold", report.sweeps + solved.sweeps
                     report.moved_ids = np.union1d(solved.moved_ids, report.moved_ids)
-                    report.moved_scores = engine.y[report.moved_ids].copy()
+                    report.moved_scores = engine.y[report.moved_ids]
                     reports[name] = report
                     continue
                 start = np.zeros(n)

@@ -384,7 +384,7 @@ class Refresh:
         fresh = relative <= self.tol and max_abs <= e.error_cap
         return RefreshReport(
             algorithm=e.algorithm, fresh=bool(fresh), bound=e.bound, total=self.total,
-            moved_ids=moved, moved_scores=e.y[moved].copy(), mode=self.mode,
+            moved_ids=moved, moved_scores=e.y[moved], mode=self.mode,
             pushes=int(self.pushes), seconds=time.perf_counter() - self.started,
             relative_bound=relative, residual_max=float(self.peak),
             max_abs_bound=float(max_abs), work=int(self.work), sweeps=self.sweeps,

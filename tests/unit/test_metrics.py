@@ -84,13 +84,20 @@ def test_no_consumer_yet_and_figures_that_do_not_parse_are_left_out() -> None:
     status["graph"] = {}
     samples = _samples(status)
     assert samples[("rankstream_consumer_running", ())] == 0.0
-    assert not any(name.startswith(("rankstream_consumer_info", "rankstream_graph_"))
-                   for name, _ in samples)
+    assert not any(name.startswith("rankstream_consumer_info") for name, _ in samples)
+    # No graph yet: its counters read 0, so that increase() sees the first batch's
+    # dead letters; its size is not known, so its gauges are left out.
+    graph = {name: value for (name, _), value in samples.items()
+             if name.startswith("rankstream_graph_")}
+    assert graph == {"rankstream_graph_events_applied_total": 0.0,
+                     "rankstream_graph_stale_events_ignored_total": 0.0,
+                     "rankstream_graph_dead_letters_total": 0.0}
 
     status = _status()
     status["consumer"].update(events_per_s="fast", heartbeat_at="yesterday", retries="nan",
                               lag="not json")
     status["graph"]["links"] = 10**400  # a hand-written HSET: no float holds it
+    status["graph"]["dlq"] = "many"  # left out, not read as 0: the graph exists
     status["consumer"]["state"] = 'odd "state"\nwith a newline'
     samples = _samples(status)  # still parses: label values are escaped
     assert ("rankstream_consumer_events_per_second", ()) not in samples
@@ -98,6 +105,7 @@ def test_no_consumer_yet_and_figures_that_do_not_parse_are_left_out() -> None:
     assert ("rankstream_consumer_retries_total", ()) not in samples
     assert not any(name == "rankstream_consumer_lag_events" for name, _ in samples)
     assert ("rankstream_graph_links", ()) not in samples
+    assert ("rankstream_graph_dead_letters_total", ()) not in samples
     assert samples[("rankstream_consumer_events_total", ())] == 530  # the rest arrives
     info = [labels for name, labels in samples if name == "rankstream_consumer_info"]
     assert dict(info[0])["state"] == 'odd "state"\nwith a newline'
