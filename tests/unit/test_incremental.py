@@ -53,8 +53,8 @@ class Published:
     def take(self, ranks: LiveRanks, reports: dict[str, RefreshReport]) -> None:
         """After each refresh: the moved pages' new scores."""
         for name, report in reports.items():
-            # The report's scores are its own: the consumer publishes them while the
-            # next refresh moves y (ranker/refresh.py builds them by indexing, a copy).
+            # The report's scores are its own: a caller may keep them while later
+            # refreshes move y (ranker/refresh.py builds them by indexing, a copy).
             assert not np.shares_memory(report.moved_scores, ranks.engines[name].y)
             values = self._grown(name, ranks.graph.num_ids)
             values[report.moved_ids] = report.moved_scores
