@@ -40,9 +40,9 @@ CATCHUP_MAX_TOLERANCE = 1e-2
 # builds up, whose publications stay whole, then gets the tolerance again; an idle
 # consumer refreshes to the tolerance anyway). Alternating latency phases on one
 # loaded 1M-page graph: p99 of the first 5 s 3.36 and 3.84 s without, 1.82 and
-# 1.78 s with (docs/benchmarks.md). Not ended by the first whole publication: the
-# loose target itself makes the first refresh move few pages (8k in one run), so
-# that publication was whole on the 1M-page stream too.
+# 1.78 s with (docs/benchmark-history.md, pipeline session 10). Not ended by the
+# first whole publication: the loose target itself makes the first refresh move few
+# pages (8k in one run), so that publication was whole on the 1M-page stream too.
 WARMUP_TOLERANCE = 1e-3
 WARMUP_PUBLICATIONS = 16
 # Once caught up, a batch polled while the engines still refresh the last one waits

@@ -8,7 +8,7 @@ own factor removes the second: over ``s[n] = r[n] / F[n]`` the push adds the sam
 the sweep walks the ids). On the 1M-page cyclic graph a sweep pushing every page
 took 49 instead of 70 ms, one pushing 6% of them 18 instead of 23 ms, and a
 1k-link batch's global refresh 108-113 instead of 117-127 ms (same pushes, same
-``y`` to rounding; docs/benchmarks.md, session 18).
+``y`` to rounding; docs/benchmark-history.md, session 18).
 
 A mode-1 column (``so > 0``) gives a target without out-links nothing, so the
 scaled residual needs two arrays. Pages with out-links keep theirs in ``r``; pages

@@ -16,9 +16,9 @@ walked in ``SPLIT_PHASES`` slices, both threads on their slice ``j`` at once, an
 pushed into pages not reached yet is there when they are, much as in one thread.
 With 8 phases the pushes match one thread's to 1% (16 phases: no closer).
 
-Measured on the 1M-page cyclic graph, 2 cores (docs/benchmarks.md, session 20): a
-sweep pushing every page 41 -> 27 ms for PageRank, 45 -> 29 ms for WPR; a 1k-link
-batch's refresh 334 -> 236 ms for PageRank, 115 -> 97 ms for WPR.
+Measured on the 1M-page cyclic graph, 2 cores (docs/benchmark-history.md, session
+20): a sweep pushing every page 41 -> 27 ms for PageRank, 45 -> 29 ms for WPR; a
+1k-link batch's refresh 334 -> 236 ms for PageRank, 115 -> 97 ms for WPR.
 
 Two threads whatever the machine has (the one this was measured on has two cores):
 with more, each half's ``cross`` would have several writers, so every thread would

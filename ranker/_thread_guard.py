@@ -14,7 +14,8 @@ kernels on one thread, and so does every absorb and refresh of the engines shari
 the guard for ``PAUSE_SECONDS``, after which two threads are tried again. Contended,
 that brings PageRank back to about one thread's time, and WPR too: its sweeps are the
 ones timed, but its other parallel passes (the owed re-weigh's settle, the
-statistics) lose as much when the core is taken (docs/benchmarks.md, session 21).
+statistics) lose as much when the core is taken (docs/benchmark-history.md, session
+21).
 
 This judges what the process was given, not how fast the sweeps were: a per-link
 cost against the cheapest seen (session 20's rule) could only time dense sweeps

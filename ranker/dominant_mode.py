@@ -21,7 +21,7 @@ minimising ``||r + a*w||_2``; the next sweep adds ``a*w`` to ``r`` as it goes, a
 On that graph, sweeps with one deflation each restore the same accuracy in 9-10
 full sweeps instead of 19 (plain) or 14 (over-relaxed at 1.15; both together gain
 nothing, as over-relaxation changes the slow mode), and the engine's own 1k-batch
-refresh takes 600 ms instead of 789 (docs/benchmarks.md, session 13).
+refresh takes 600 ms instead of 789 (docs/benchmark-history.md, session 13).
 
 ``v`` is computed by power iteration from the current ``y`` (which already leans
 towards it) when an uncapped sweep refresh first wants it, and again once the links

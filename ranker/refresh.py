@@ -75,7 +75,8 @@ TAIL_SHARE = 0.02
 # PRIORITY_START times the mean |r|, and the threshold drops by PRIORITY_STEP each
 # time a pass finds less than PRIORITY_THIN of the links above it. On a growing
 # 1.4M-page graph one sweep's worth of such passes left WPR 1,000x closer than one
-# plain sweep, PageRank 1.4x (docs/benchmarks.md, "prioritized").
+# plain sweep, PageRank 1.4x (docs/benchmark-history.md, pipeline
+# session 6, "prioritized").
 PRIORITY_START = 16.0
 PRIORITY_STEP = 4.0
 PRIORITY_THIN = 0.02
