@@ -37,7 +37,7 @@ links each. Phases, on a private topic and key prefix (deleted afterwards unless
    when the phase ran at the target's rate (half of 100k), else the rate it used.
 
 ``--texts`` gives every page event a 4-word title and half its links a 2-word anchor
-text (:func:`benchmarks.pipeline_load.with_text`): the consumer then also keeps the
+text (:func:`producer.synthetic.with_text`): the consumer then also keeps the
 HITS term index exact (docs/hits.md). The floors still write the links alone.
 
 Targets (issue 3): >= 100k link changes/s end to end on 2 cores; p99 <= 2 s at half

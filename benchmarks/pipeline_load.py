@@ -14,22 +14,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from producer.synthetic import synthetic_event_dicts
+from producer.synthetic import synthetic_event_dicts, with_text
 from rankstream.services.stack import kafka_client_options
 from rankstream.settings import Settings
-
-TEXT_VOCABULARY = 5_000
-
-
-def with_text(event: dict[str, Any], pick: random.Random) -> dict[str, Any]:
-    """A 4-word title and, on half the links, a 2-word anchor text, from a vocabulary
-    of :data:`TEXT_VOCABULARY` words drawn with a power law (a few are very common)."""
-    def words(n: int) -> str:
-        return " ".join(f"w{int(TEXT_VOCABULARY ** pick.random())}" for _ in range(n))
-
-    links = [{"url": link, "text": words(2)} if pick.random() < 0.5 else link
-             for link in event["links"]]
-    return {**event, "links": links, "title": words(4)}
 
 
 def encode_stream(count: int, seed: int, *, texts: bool = False

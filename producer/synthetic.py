@@ -24,13 +24,15 @@ import numpy as np
 
 from producer.schema import DEFAULT_LIMITS, Event, Limits, make_event
 
-__all__ = ["synthetic_event_dicts", "synthetic_events"]
+__all__ = ["TEXT_VOCABULARY", "synthetic_event_dicts", "synthetic_events", "with_text"]
 
 # Shares of the edit events (they sum to 1).
 _EDIT_MIX = (("recrawl", 0.5), ("link_added", 0.22), ("link_removed", 0.2),
              ("page_removed", 0.08))
 _UNCRAWLED = 0.2
 DEFAULT_TS_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+# Words of with_text's vocabulary: w1 .. w4999.
+TEXT_VOCABULARY = 5_000
 
 
 def synthetic_event_dicts(
@@ -158,3 +160,16 @@ def synthetic_events(
     """:func:`synthetic_event_dicts`, validated into events (same arguments)."""
     for data in synthetic_event_dicts(count, **options):
         yield make_event(data, limits)
+
+
+def with_text(event: dict[str, Any], pick: random.Random) -> dict[str, Any]:
+    """``event`` (a ``page`` event's dict) with a 4-word title and, on half its links,
+    a 2-word anchor text, from a vocabulary of :data:`TEXT_VOCABULARY` words drawn
+    with a power law (a few are very common): the HITS term index's load in
+    ``bench pipeline --texts`` and the texted soak."""
+    def words(n: int) -> str:
+        return " ".join(f"w{int(TEXT_VOCABULARY ** pick.random())}" for _ in range(n))
+
+    links = [{"url": link, "text": words(2)} if pick.random() < 0.5 else link
+             for link in event["links"]]
+    return {**event, "links": links, "title": words(4)}

@@ -11,14 +11,18 @@ so that is about 50k link changes/s, half the end-to-end target of issue 3 and t
 rate at which freshness is promised; the report gives the measured link changes
 per second), ``RANKSTREAM_SOAK_PAGES`` (size of the page universe, default 100k),
 ``RANKSTREAM_SOAK_REPORT`` (write the samples as JSON), ``RANKSTREAM_SOAK_LOG_LEVEL``
-(the consumer's, default WARNING; INFO logs every batch and publication).
+(the consumer's, default WARNING; INFO logs every batch and publication),
+``RANKSTREAM_SOAK_TEXTS=1`` (every page event carries a title and anchor text on
+half its links, :func:`producer.synthetic.with_text`, so the HITS term index churns
+too; the test then checks at the end that the index equals what the last crawl of
+each page gives, ``tests/text_index_model.py``).
 
 The stream re-crawls a FIXED universe of pages (random page, ~10 random links,
 increasing ts), so the graph stops growing once every page has been crawled and
 the consumer's memory must plateau. One message in a thousand is garbage, so the
 dead-letter path runs too. Every ``sample_s`` seconds the test records the
-consumer's RSS, the lag from ``P status``, the dead-letter count, and the
-freshness: the age of the newest event the published scores reflect (the
+consumer's RSS, Redis' ``used_memory``, the lag from ``P status``, the dead-letter
+count, and the freshness: the age of the newest event the published scores reflect (the
 ``version`` in ``P meta:pagerank`` counts applied events; the producer knows when
 it sent the version-th valid event).
 """
@@ -38,14 +42,18 @@ import pytest
 
 from consumer.keys import Keys
 from producer.client import LinkPublisher
+from producer.schema import decode_event
+from producer.synthetic import with_text
 from rankstream.services.testing import Isolated, redis_client
 from tests.faults.stack import consumers, wait_for
+from tests.text_index_model import Model, stored_sources
 
 SECONDS = float(os.environ.get("RANKSTREAM_SOAK_SECONDS", "0") or 0)
 RATE = float(os.environ.get("RANKSTREAM_SOAK_RATE", "2500"))
 PAGES = int(os.environ.get("RANKSTREAM_SOAK_PAGES", "100000"))
 REPORT = os.environ.get("RANKSTREAM_SOAK_REPORT")
 LOG_LEVEL = os.environ.get("RANKSTREAM_SOAK_LOG_LEVEL", "WARNING")  # INFO: per-batch logs
+TEXTS = os.environ.get("RANKSTREAM_SOAK_TEXTS", "0") not in ("", "0")
 GARBAGE_EVERY = 1000
 LINKS = 10
 
@@ -56,8 +64,11 @@ pytestmark = pytest.mark.skipif(not SECONDS, reason="soak runs by hand: set "
 class SteadyProducer:
     """Publishes re-crawls of a fixed page universe at ``rate`` events/s from a thread."""
 
-    def __init__(self, publisher: LinkPublisher, rate: float, pages: int, seconds: float) -> None:
+    def __init__(self, publisher: LinkPublisher, rate: float, pages: int, seconds: float,
+                 texts: bool = False) -> None:
         self.publisher = publisher
+        # With texts, the sent events replayed on plain dicts: what the index must hold.
+        self.model = Model() if texts else None
         self.rate = rate
         self.seconds = seconds
         self.urls = [f"https://soak{i % 97}.example/page/{i}" for i in range(pages)]
@@ -81,7 +92,7 @@ class SteadyProducer:
             self.error = exc
 
     def _produce(self) -> None:
-        pick = random.Random(5)
+        pick, words = random.Random(5), random.Random(6)
         urls = self.urls
         started = time.monotonic()
         sent = 0
@@ -98,8 +109,13 @@ class SteadyProducer:
                     continue
                 page = urls[pick.randrange(len(urls))]
                 links = [urls[pick.randrange(len(urls))] for _ in range(LINKS)]
-                value = json.dumps({"type": "page", "url": page, "links": links,
-                                    "ts": int(time.time() * 1000)}).encode()
+                event = {"type": "page", "url": page, "links": links,
+                         "ts": int(time.time() * 1000)}
+                if self.model is not None:
+                    event = with_text(event, words)
+                value = json.dumps(event).encode()
+                if self.model is not None:
+                    self.model.apply(decode_event(value))
                 self.publisher.publish_raw(value, page.encode())
                 self.sent_valid.append(time.time())
             time.sleep(0.005)
@@ -130,7 +146,7 @@ def test_soak(isolated: Isolated, tmp_path: Path) -> None:
         proc = spawn("--log-level", LOG_LEVEL)
         print(f"consumer log: {proc.log_path}", flush=True)
         wait_for(lambda: client.hget(keys.status, "state") == b"running", 120, "the consumer")
-        producer = SteadyProducer(publisher, RATE, PAGES, SECONDS)
+        producer = SteadyProducer(publisher, RATE, PAGES, SECONDS, TEXTS)
         started = time.time()
         producer.start()
         next_sample = started
@@ -147,6 +163,7 @@ def test_soak(isolated: Isolated, tmp_path: Path) -> None:
                 status = client.hgetall(keys.status)
                 samples.append({
                     "t": round(now - started, 1), "rss_mb": round(proc.rss_bytes() / 2**20, 1),
+                    "redis_mb": round(client.info("memory")["used_memory"] / 2**20, 1),
                     "lag": int(status.get(b"lag_total", b"0") or 0),
                     "dlq": int(client.hget(keys.graph, "dlq") or 0),
                     "freshness_s": round(now - sent, 2) if sent else None,
@@ -161,8 +178,16 @@ def test_soak(isolated: Isolated, tmp_path: Path) -> None:
                  "catching up after the soak")
         assert proc.stop() == 0, proc.output()[-3000:]
     dlq = int(client.hget(keys.graph, "dlq") or 0)
+    index_diff = None
+    if producer.model is not None:
+        expected, stored = producer.model.sources(), stored_sources(client, settings.key_prefix)
+        index_diff = {"postings_expected": len(expected), "postings_stored": len(stored),
+                      "missing_or_miscounted": len(expected - stored),
+                      "extra_or_overcounted": len(stored - expected)}
     client.close()
-    half = [s["rss_mb"] for s in samples[len(samples) // 2:]]
+    second_half = samples[len(samples) // 2:]
+    half = [s["rss_mb"] for s in second_half]
+    redis_half = [s["redis_mb"] for s in second_half]
     report = {
         "seconds": SECONDS, "target_rate": RATE, "pages": PAGES,
         "achieved_rate": round(total / SECONDS, 1),
@@ -171,7 +196,12 @@ def test_soak(isolated: Isolated, tmp_path: Path) -> None:
         "rss_mb_first": samples[0]["rss_mb"] if samples else None,
         "rss_mb_mid": half[0] if half else None, "rss_mb_max": max(s["rss_mb"] for s in samples),
         "rss_mb_end": samples[-1]["rss_mb"] if samples else None,
+        "redis_mb_first": samples[0]["redis_mb"] if samples else None,
+        "redis_mb_mid": redis_half[0] if redis_half else None,
+        "redis_mb_max": max(s["redis_mb"] for s in samples),
+        "redis_mb_end": samples[-1]["redis_mb"] if samples else None,
         "lag_max": max(s["lag"] for s in samples), "dlq": dlq, "garbage_sent": producer.garbage,
+        "texts": TEXTS, "index": index_diff,
         "freshness_p50_s": round(statistics.median(freshness), 3) if freshness else None,
         "freshness_p99_s": round(percentile(freshness, 0.99), 3),
         "freshness_max_s": round(max(freshness), 3) if freshness else None,
@@ -181,5 +211,8 @@ def test_soak(isolated: Isolated, tmp_path: Path) -> None:
     if REPORT:
         Path(REPORT).write_text(json.dumps(report, indent=1))
     assert dlq == producer.garbage  # every garbage message dead-lettered, none twice
+    if index_diff is not None:  # the exact index: what the pages' last crawls give
+        assert index_diff["missing_or_miscounted"] == index_diff["extra_or_overcounted"] == 0
     if SECONDS >= 300:  # memory must plateau: the second half grows by under 10%
         assert max(half) <= 1.10 * half[0], report
+        assert max(redis_half) <= 1.10 * redis_half[0], report
