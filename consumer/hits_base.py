@@ -52,7 +52,7 @@ MAX_IN_CANDIDATES = 10_000
 # the query is refused (InputError, HTTP 400) rather than cut short by a rule nobody
 # asked for: every out-link of every root joins the base set, so a thousand roots
 # with 10k links each meant HMGETs of millions of fields on the Redis the consumer
-# writes to. 5k-page base sets answer in about 30 ms (docs/benchmarks.md).
+# writes to. 5k-page base sets answer in about 90 ms at p50 (docs/benchmarks.md, HITS).
 MAX_CANDIDATES = 100_000
 # Keys per raw pipeline write: bounds the request buffer (and reply burst) size.
 _SCORES = "pagerank"
