@@ -31,6 +31,9 @@ class Model:
 
     def __init__(self) -> None:
         self.out: dict[str, dict[str, str | None]] = {}
+        # dst -> the sources linking to it now, so that a removal does not scan every
+        # page's links (the soak replays millions of events into one model).
+        self.into: dict[str, set[str]] = {}
         self.titles: dict[str, str] = {}
         self.last_ts: dict[str, int] = {}
         self.known: set[str] = set()  # URLs the graph has interned
@@ -44,20 +47,29 @@ class Model:
         if isinstance(event, PageEvent):
             self.known.update((event.url, *event.links))
             texts = dict(event.anchors)
-            self.out[event.url] = {dst: texts.get(dst) for dst in event.links
-                                   if dst != event.url}
+            self._set_out(event.url, {dst: texts.get(dst) for dst in event.links
+                                      if dst != event.url})
             if event.title is not None:
                 self.titles[event.url] = event.title
         elif isinstance(event, LinkAddedEvent):
             if event.src != event.dst:
                 self.known.update((event.src, event.dst))
                 self.out.setdefault(event.src, {}).setdefault(event.dst, None)
+                self.into.setdefault(event.dst, set()).add(event.src)
         elif isinstance(event, LinkRemovedEvent):
             self.out.get(event.src, {}).pop(event.dst, None)
+            self.into.get(event.dst, set()).discard(event.src)
         elif isinstance(event, PageRemovedEvent):
-            self.out[event.url] = {}
-            for links in self.out.values():
-                links.pop(event.url, None)
+            self._set_out(event.url, {})
+            for source in self.into.pop(event.url, set()):
+                self.out[source].pop(event.url, None)
+
+    def _set_out(self, source: str, links: dict[str, str | None]) -> None:
+        for dst in self.out.get(source, {}):
+            self.into[dst].discard(source)
+        self.out[source] = links
+        for dst in links:
+            self.into.setdefault(dst, set()).add(source)
 
     def sources(self) -> Sources:
         given: Sources = Counter()

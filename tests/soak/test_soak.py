@@ -15,7 +15,12 @@ per second), ``RANKSTREAM_SOAK_PAGES`` (size of the page universe, default 100k)
 ``RANKSTREAM_SOAK_TEXTS=1`` (every page event carries a title and anchor text on
 half its links, :func:`producer.synthetic.with_text`, so the HITS term index churns
 too; the test then checks at the end that the index equals what the last crawl of
-each page gives, ``tests/text_index_model.py``).
+each page gives, ``tests/text_index_model.py``), ``RANKSTREAM_SOAK_EDITS`` (a share
+of the valid events, default 0, that are ``link_added``, ``link_removed`` or
+``page_removed`` of random pages instead of re-crawls: the removal paths, the orphan
+rule and revivals under load; the topic then has one partition, so that the order
+the consumer applies equals the order sent, and the test checks at the end that the
+graph in Redis, and with text the index, equal the model's).
 
 The stream re-crawls a FIXED universe of pages (random page, ~10 random links,
 increasing ts), so the graph stops growing once every page has been crawled and
@@ -45,6 +50,9 @@ from producer.client import LinkPublisher
 from producer.schema import decode_event
 from producer.synthetic import with_text
 from rankstream.services.testing import Isolated, redis_client
+from rankstream.services.testing import isolated as isolate
+from rankstream.settings import Settings
+from tests.faults.harness import index_problems, stored_graph
 from tests.faults.stack import consumers, wait_for
 from tests.text_index_model import Model, stored_sources
 
@@ -54,6 +62,7 @@ PAGES = int(os.environ.get("RANKSTREAM_SOAK_PAGES", "100000"))
 REPORT = os.environ.get("RANKSTREAM_SOAK_REPORT")
 LOG_LEVEL = os.environ.get("RANKSTREAM_SOAK_LOG_LEVEL", "WARNING")  # INFO: per-batch logs
 TEXTS = os.environ.get("RANKSTREAM_SOAK_TEXTS", "0") not in ("", "0")
+EDITS = float(os.environ.get("RANKSTREAM_SOAK_EDITS", "0") or 0)
 GARBAGE_EVERY = 1000
 LINKS = 10
 
@@ -62,13 +71,19 @@ pytestmark = pytest.mark.skipif(not SECONDS, reason="soak runs by hand: set "
 
 
 class SteadyProducer:
-    """Publishes re-crawls of a fixed page universe at ``rate`` events/s from a thread."""
+    """Publishes re-crawls of a fixed page universe at ``rate`` events/s from a thread
+    (a share ``edits`` of them link edits and page removals instead)."""
 
     def __init__(self, publisher: LinkPublisher, rate: float, pages: int, seconds: float,
-                 texts: bool = False) -> None:
+                 texts: bool = False, edits: float = 0.0) -> None:
         self.publisher = publisher
-        # With texts, the sent events replayed on plain dicts: what the index must hold.
-        self.model = Model() if texts else None
+        self.texts = texts
+        self.edits = edits
+        # With texts or edits, the sent events replayed on plain dicts: what the graph
+        # and the index must hold at the end.
+        self.model = Model() if texts or edits else None
+        self.links_of: dict[str, list[str]] = {}  # what link_removed picks from
+        self.edit_counts = {"link_added": 0, "link_removed": 0, "page_removed": 0}
         self.rate = rate
         self.seconds = seconds
         self.urls = [f"https://soak{i % 97}.example/page/{i}" for i in range(pages)]
@@ -108,11 +123,15 @@ class SteadyProducer:
                     self.garbage += 1
                     continue
                 page = urls[pick.randrange(len(urls))]
-                links = [urls[pick.randrange(len(urls))] for _ in range(LINKS)]
-                event = {"type": "page", "url": page, "links": links,
-                         "ts": int(time.time() * 1000)}
-                if self.model is not None:
-                    event = with_text(event, words)
+                if self.edits and pick.random() < self.edits:
+                    event = self._edit(page, pick)
+                else:
+                    links = [urls[pick.randrange(len(urls))] for _ in range(LINKS)]
+                    self.links_of[page] = links
+                    event = {"type": "page", "url": page, "links": links,
+                             "ts": int(time.time() * 1000)}
+                    if self.texts:
+                        event = with_text(event, words)
                 value = json.dumps(event).encode()
                 if self.model is not None:
                     self.model.apply(decode_event(value))
@@ -120,6 +139,26 @@ class SteadyProducer:
                 self.sent_valid.append(time.time())
             time.sleep(0.005)
         self.publisher.flush()
+
+    def _edit(self, page: str, pick: random.Random) -> dict[str, Any]:
+        """A link edit or removal of ``page`` (a removed link is one it was last sent
+        with, unless gone since; removing an absent link is a valid no-op)."""
+        kind = pick.random()
+        links = self.links_of.setdefault(page, [])
+        event: dict[str, Any]
+        if kind < 0.4:
+            target = self.urls[pick.randrange(len(self.urls))]
+            links.append(target)
+            event = {"type": "link_added", "src": page, "dst": target}
+        elif kind < 0.8:
+            target = (links.pop(pick.randrange(len(links))) if links
+                      else self.urls[pick.randrange(len(self.urls))])
+            event = {"type": "link_removed", "src": page, "dst": target}
+        else:
+            links.clear()
+            event = {"type": "page_removed", "url": page, "ts": int(time.time() * 1000)}
+        self.edit_counts[str(event["type"])] += 1
+        return event
 
     def sent_at(self, version: int) -> float | None:
         """When the ``version``-th valid event was sent (None before any)."""
@@ -134,7 +173,16 @@ def percentile(values: list[float], q: float) -> float:
 
 
 @pytest.mark.timeout(SECONDS + 900)  # the run itself, start-up and the final catch-up
-def test_soak(isolated: Isolated, tmp_path: Path) -> None:
+def test_soak(services: Settings, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    # With edits, one partition: a page_removed and another page's event naming the
+    # removed page are applied in the order their partitions interleave, which the
+    # model, replaying the order sent, cannot know.
+    base = services.model_copy(update={"topic_partitions": 1}) if EDITS else services
+    with isolate(base, request.node.name) as isolated:
+        soak(isolated, tmp_path)
+
+
+def soak(isolated: Isolated, tmp_path: Path) -> None:
     settings = isolated.settings
     keys = Keys(settings.key_prefix)
     client = redis_client(settings)
@@ -146,7 +194,7 @@ def test_soak(isolated: Isolated, tmp_path: Path) -> None:
         proc = spawn("--log-level", LOG_LEVEL)
         print(f"consumer log: {proc.log_path}", flush=True)
         wait_for(lambda: client.hget(keys.status, "state") == b"running", 120, "the consumer")
-        producer = SteadyProducer(publisher, RATE, PAGES, SECONDS, TEXTS)
+        producer = SteadyProducer(publisher, RATE, PAGES, SECONDS, TEXTS, EDITS)
         started = time.time()
         producer.start()
         next_sample = started
@@ -179,7 +227,14 @@ def test_soak(isolated: Isolated, tmp_path: Path) -> None:
         assert proc.stop() == 0, proc.output()[-3000:]
     dlq = int(client.hget(keys.graph, "dlq") or 0)
     index_diff: dict[str, object] | None = None
+    graph_diff: dict[str, object] | None = None
     if producer.model is not None:
+        links = {(src, dst) for src, out in producer.model.out.items() for dst in out}
+        edges, _ = stored_graph(client, settings)
+        graph_diff = {"links_expected": len(links), "links_stored": len(edges),
+                      "missing": len(links - edges), "extra": len(edges - links),
+                      "problems": index_problems(client, settings)}
+    if producer.model is not None and producer.texts:
         expected = producer.model.sources()
         try:
             stored = stored_sources(client, settings.key_prefix)
@@ -206,7 +261,8 @@ def test_soak(isolated: Isolated, tmp_path: Path) -> None:
         "redis_mb_max": max(s["redis_mb"] for s in samples),
         "redis_mb_end": samples[-1]["redis_mb"] if samples else None,
         "lag_max": max(s["lag"] for s in samples), "dlq": dlq, "garbage_sent": producer.garbage,
-        "texts": TEXTS, "index": index_diff,
+        "texts": TEXTS, "edits": EDITS, "edits_sent": producer.edit_counts,
+        "graph": graph_diff, "index": index_diff,
         "freshness_p50_s": round(statistics.median(freshness), 3) if freshness else None,
         "freshness_p99_s": round(percentile(freshness, 0.99), 3),
         "freshness_max_s": round(max(freshness), 3) if freshness else None,
@@ -216,6 +272,9 @@ def test_soak(isolated: Isolated, tmp_path: Path) -> None:
     if REPORT:
         Path(REPORT).write_text(json.dumps(report, indent=1))
     assert dlq == producer.garbage  # every garbage message dead-lettered, none twice
+    if graph_diff is not None:  # the links the events sent leave, in both directions
+        assert graph_diff["missing"] == graph_diff["extra"] == 0, graph_diff
+        assert graph_diff["problems"] == [], graph_diff
     if index_diff is not None:  # the exact index: what the pages' last crawls give
         assert index_diff.get("missing_or_miscounted") == 0, index_diff
         assert index_diff.get("extra_or_overcounted") == 0, index_diff
