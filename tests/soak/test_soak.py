@@ -82,7 +82,6 @@ class SteadyProducer:
         # With texts or edits, the sent events replayed on plain dicts: what the graph
         # and the index must hold at the end.
         self.model = Model() if texts or edits else None
-        self.links_of: dict[str, list[str]] = {}  # what link_removed picks from
         self.edit_counts = {"link_added": 0, "link_removed": 0, "page_removed": 0}
         self.rate = rate
         self.seconds = seconds
@@ -127,7 +126,6 @@ class SteadyProducer:
                     event = self._edit(page, pick)
                 else:
                     links = [urls[pick.randrange(len(urls))] for _ in range(LINKS)]
-                    self.links_of[page] = links
                     event = {"type": "page", "url": page, "links": links,
                              "ts": int(time.time() * 1000)}
                     if self.texts:
@@ -141,21 +139,21 @@ class SteadyProducer:
         self.publisher.flush()
 
     def _edit(self, page: str, pick: random.Random) -> dict[str, Any]:
-        """A link edit or removal of ``page`` (a removed link is one it was last sent
-        with, unless gone since; removing an absent link is a valid no-op)."""
+        """A link edit or removal of ``page``. A removed link is one the page has now
+        (the model knows, since it replays every event sent); a page without links
+        removes a random one, a valid no-op."""
+        assert self.model is not None  # edits always keep one
         kind = pick.random()
-        links = self.links_of.setdefault(page, [])
+        links = list(self.model.out.get(page, ()))
         event: dict[str, Any]
         if kind < 0.4:
             target = self.urls[pick.randrange(len(self.urls))]
-            links.append(target)
             event = {"type": "link_added", "src": page, "dst": target}
         elif kind < 0.8:
-            target = (links.pop(pick.randrange(len(links))) if links
+            target = (links[pick.randrange(len(links))] if links
                       else self.urls[pick.randrange(len(self.urls))])
             event = {"type": "link_removed", "src": page, "dst": target}
         else:
-            links.clear()
             event = {"type": "page_removed", "url": page, "ts": int(time.time() * 1000)}
         self.edit_counts[str(event["type"])] += 1
         return event
