@@ -26,7 +26,7 @@ from pathlib import Path
 from producer.schema import Event, Limits, PageEvent, iter_events
 from rankstream.errors import ConfigError, InputError, ServiceError
 from rankstream.input_files import check_readable, input_path
-from rankstream.settings import Settings
+from rankstream.settings import Settings, derive_settings
 
 __all__ = ["LogPosition", "ReplaySummary", "add_arguments", "log_events",
            "replay", "run"]
@@ -129,11 +129,13 @@ def _progress(events: Iterable[Event], total: int | None) -> Iterator[Event]:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     _check(args)
-    topic = settings.topic if args.topic is None else args.topic
+    if args.topic is not None:  # the settings' rules hold for it (not the DLQ topic)
+        settings = derive_settings(settings, "--topic", topic=args.topic)
+    topic = settings.topic
     if not args.no_create_topics:
         from rankstream.services.stack import ensure_settings_topics
 
-        ensure_settings_topics(settings.model_copy(update={"topic": topic}))
+        ensure_settings_topics(settings)
     position = LogPosition()
     events, total = _events(args, Limits.from_settings(settings), position)
     summary = replay(settings, events, topic=topic, total=total, position=position)

@@ -8,7 +8,9 @@ The packages split the work:
 * :mod:`rankstream` (this package) holds what they share: the exception root
   (exported here), the settings object (``rankstream.settings.Settings`` and
   ``load_settings``: not imported here, because pydantic-settings takes ~0.16 s to
-  import and ``rankstream rank`` never reads settings), the command line and the
+  import and code that only needs the exceptions, ``ranker`` first, should not pay
+  for it; the command line reads the settings once, for every command), the command
+  line and the
   local-services script (:mod:`rankstream.services`).
 """
 

@@ -6,7 +6,9 @@ Each subcommand lives in the module that owns it and exposes two functions:
 * ``run(args: argparse.Namespace, settings: Settings) -> int``
 
 Any :class:`~rankstream.errors.RankstreamError` becomes a one-line message on
-stderr and exit code 2; so does argparse misuse. No traceback reaches a user.
+stderr and exit code 2; so do argparse misuse and any ``OSError`` no command
+translated (a full disk under ``> out``). No traceback reaches a user, even one who
+started us with stdin, stdout or stderr closed.
 """
 
 from __future__ import annotations
@@ -54,12 +56,31 @@ def one_line(text: str) -> str:
                    for ch in text)
 
 
+def complain(text: str) -> None:
+    sys.stderr.write(one_line(text) + "\n")
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse prints usage plus an error; we print just the error, on one line."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(one_line(f"{self.prog}: error: {message}") + "\n")
+        complain(f"{self.prog}: error: {message}")
         raise SystemExit(EXIT_USAGE)
+
+
+def _os_error_text(exc: OSError) -> str:
+    where = f": {exc.filename}" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}"
+
+
+def _drop_unwritable_stdout() -> None:
+    """Output still buffered for a stdout that failed (a full disk) would fail again
+    when the interpreter flushes at exit, printing a traceback-like "Exception
+    ignored" and exiting 120: send it nowhere. Output for a working stdout is kept."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
@@ -83,25 +104,38 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     command = "" if not args_list else f" {args_list[0]}"
+    # Started with stdout or stderr closed (`>&-`, `2>&-`): a daemon may be. Every
+    # write to a closed one raised AttributeError, which turned exit 2 into 1, and
+    # `status --check` means 1 as "unhealthy". (A closed stdin: rankstream.input_files.)
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (lives as long as we do)
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115
     try:
         parser = _build_parser(args_list)  # imports the command's module: ^C may land here
         args = parser.parse_args(args_list)
         command = f" {args.command}"
-        if sys.stdout is None:  # started with stdout closed (`>&-`): a daemon may be
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (lives as long as we do)
         from rankstream.settings import load_settings  # pydantic: inside the ^C handler
 
         settings = load_settings()
         code: int = args._module.run(args, settings)
+        sys.stdout.flush()  # a failed write of the last output is an error of this run
     except RankstreamError as exc:
-        sys.stderr.write(one_line(f"rankstream{command}: error: {exc}") + "\n")
+        complain(f"rankstream{command}: error: {exc}")
         return EXIT_USAGE
     except KeyboardInterrupt:
-        sys.stderr.write(one_line(f"rankstream{command}: interrupted") + "\n")
+        complain(f"rankstream{command}: interrupted")
         return 130
     except BrokenPipeError:
         # `rankstream rank ... | head` closes our stdout early; that is not an error.
         return 0
+    except OSError as exc:
+        # What no command translated: `top > /dev/full` printed a traceback and exited
+        # 1, which `status --check` means as "unhealthy", and `produce` failed that
+        # way only after every event was acknowledged.
+        _drop_unwritable_stdout()
+        complain(f"rankstream{command}: error: {_os_error_text(exc)}")
+        return EXIT_USAGE
     return code
 
 

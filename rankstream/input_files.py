@@ -43,10 +43,16 @@ def _unreadable(name: str, exc: OSError) -> InputError:
     return InputError(f"cannot read: {exc.strerror or exc}", where=name)
 
 
+def _stdin() -> IO[bytes]:
+    if sys.stdin is None:  # started with `<&-`
+        raise InputError("cannot read: standard input is closed", where=STDIN)
+    return sys.stdin.buffer
+
+
 def _opened(name: str) -> IO[bytes]:
     """``name`` opened for buffered binary reading, or InputError with a short reason."""
     if name == STDIN:
-        return sys.stdin.buffer
+        return _stdin()
     try:
         return open(name, "rb")
     except OSError as exc:
@@ -58,7 +64,11 @@ def input_path(text: str) -> Path:
     argument was reported as "cannot read: is a directory"."""
     if not text:
         raise argparse.ArgumentTypeError("an empty path")
-    return Path(text)
+    path = Path(text)
+    if text != STDIN and os.fspath(path) == STDIN:
+        # Path("./-") is Path("-"): the usual way to name a file called "-" read stdin.
+        return Path.cwd() / STDIN
+    return path
 
 
 def same_input(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
@@ -83,6 +93,7 @@ def check_readable(path: str | os.PathLike[str]) -> None:
     """
     name = os.fspath(path)
     if name == STDIN:
+        _stdin()  # closed: said before `produce -` connects and creates its topics
         return
     try:
         mode = os.stat(name).st_mode

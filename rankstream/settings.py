@@ -65,7 +65,9 @@ class Settings(BaseSettings):
     kafka_bootstrap: str = Field("127.0.0.1:9092", description="host:port[,host:port]")
     topic: str = Field("rankstream.links", description="topic carrying link events")
     dlq_topic: str = Field("rankstream.links.dlq", description="dead-letter topic")
-    topic_partitions: int = Field(4, ge=1)
+    # Kafka's wire type for a partition count is int32: above it kafka-python's
+    # request encoding failed with a traceback. The broker judges what fits below.
+    topic_partitions: int = Field(4, ge=1, le=2**31 - 1)
     group_id: str = Field("rankstream-consumer", description="consumer group (lag only)")
     # kafka-python's four protocols, and the SASL mechanisms that a username and
     # password are enough for: anything else failed inside kafka-python with an
@@ -332,10 +334,12 @@ class Settings(BaseSettings):
                 raise ValueError(f"not a URL scheme: {scheme!r}")
         return schemes
 
-    @field_validator("snapshot_dir", mode="before")
+    @field_validator("snapshot_dir", "kafka_ssl_cafile", "redis_ssl_ca_certs", mode="before")
     @classmethod
     def _empty_means_none(cls, value: object) -> object:
-        # Blank too: " " was a relative directory named by a space.
+        # Blank too: " " was a relative directory named by a space. An empty path was
+        # Path("."): a compose file's `RANKSTREAM_REDIS_SSL_CA_CERTS=${CA:-}` asked for
+        # TLS and failed every command, and an empty CA file was handed to Kafka as ".".
         return None if isinstance(value, str) and not value.strip() else value
 
     # --- Local services (./run services) --------------------------------------
@@ -345,6 +349,15 @@ class Settings(BaseSettings):
                             description="the local broker's and redis-server's data and "
                                         "logs; the broker's controller listens on the "
                                         "Kafka port + 1")
+
+    @field_validator("cache_dir", "state_dir", mode="before")
+    @classmethod
+    def _not_empty(cls, value: object) -> object:
+        # An empty path is Path("."): the jars or the services' data in whatever
+        # directory the command ran from.
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("empty: unset it for the default, or name a directory")
+        return value
 
 
 def _check_env_file(path: Path = ENV_FILE) -> None:
@@ -407,6 +420,22 @@ def _warn_of_unknown_environment() -> None:
         if unknown and not _SERVICE_LINK.fullmatch(name.upper()):
             logging.getLogger("rankstream.settings").warning(
                 "%s in the environment: ignored", unknown)
+
+
+def derive_settings(settings: Settings, origin: str, **changes: object) -> Settings:
+    """``settings`` with ``changes`` (a command-line override), validated by every
+    rule of the settings without reading the environment again.
+
+    ``model_copy(update=...)`` validated nothing: ``produce --topic`` could name the
+    dead-letter topic. A bad value is a ConfigError naming ``origin`` (the argument
+    the user gave), not a ``RANKSTREAM_`` setting they never set.
+    """
+    values = {name: getattr(settings, name) for name in type(settings).model_fields}
+    try:
+        return Settings.model_validate({**values, **changes})
+    except ValidationError as exc:
+        message = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"bad {origin}: {message}") from exc
 
 
 def load_settings(**overrides: object) -> Settings:

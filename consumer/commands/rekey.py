@@ -12,7 +12,7 @@ import sys
 
 from consumer.redis_store import connect_redis
 from consumer.rekey import rekey
-from rankstream.settings import Settings, load_settings
+from rankstream.settings import Settings, derive_settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     # The settings' own rules for a prefix (a "term" segment, say): a ConfigError.
-    new_prefix = load_settings(key_prefix=args.new_prefix).key_prefix
+    new_prefix = derive_settings(settings, "NEW_PREFIX", key_prefix=args.new_prefix).key_prefix
     client = connect_redis(settings, client_name="rankstream-rekey")
     try:
         report = rekey(client, settings.key_prefix, new_prefix, settings.topic)

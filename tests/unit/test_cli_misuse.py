@@ -228,3 +228,107 @@ def test_status_check_options_are_checked_before_redis_is_read(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "error" in err, err
+
+
+# --- A session-37 review: streams closed or full, and settings given on the command line
+
+
+def test_an_os_error_no_command_translated_is_one_line(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`top > /dev/full` printed a traceback and exited 1 (`status --check`: unhealthy)."""
+    import errno
+    import sys
+    import types
+
+    from rankstream import cli
+
+    fake = types.ModuleType("rankstream_fake_command")
+    fake.add_arguments = lambda parser: None  # type: ignore[attr-defined]
+
+    def run(args: object, settings: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    fake.run = run  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setitem(cli.COMMANDS, "fake", (fake.__name__, "a command that fails"))
+    err = one_line_error(["fake"], capsys)
+    assert "rankstream fake: error: No space left on device" in err
+
+
+def _shell(command: str, tmp_path: Path) -> tuple[int, str]:
+    """``command`` run by sh with ``RANKSTREAM`` meaning our entry point."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root),
+           "RANKSTREAM": f"{sys.executable} -m rankstream.cli"}
+    done = subprocess.run(["sh", "-c", command], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    return done.returncode, done.stderr
+
+
+def test_closed_or_full_standard_streams_are_errors_not_tracebacks(tmp_path: Path) -> None:
+    (tmp_path / "good.tsv").write_text(FIG2)
+    code, err = _shell("$RANKSTREAM rank --edges - <&-", tmp_path)
+    assert code == 2 and err == "rankstream rank: error: -: cannot read: standard input is closed\n"
+    code, err = _shell("$RANKSTREAM produce - <&-", tmp_path)  # before any connection
+    assert code == 2 and "standard input is closed" in err and "connect" not in err
+    # stderr closed: still exit 2 (it was 1, which `status --check` means as unhealthy)
+    code, _ = _shell("$RANKSTREAM rank --edges missing.tsv 2>&-", tmp_path)
+    assert code == 2
+    code, err = _shell("$RANKSTREAM rank --edges good.tsv > /dev/full", tmp_path)
+    assert code == 2 and err.count("\n") == 1 and "No space left on device" in err
+
+
+def test_a_file_named_dash_is_reached_as_dot_slash_dash(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Path("./-") is Path("-"): the file's graph was ignored and stdin read instead."""
+    (tmp_path / "-").write_text(FIG2)
+    assert main(["rank", "--edges", "./-"]) == 0
+    assert [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()] == [
+        "C", "B", "A"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    # model_copy validated nothing: the events went into the dead-letter topic.
+    (["produce", "--synthetic", "2", "--topic", "rankstream.links.dlq"],
+     "bad --topic: RANKSTREAM_TOPIC and RANKSTREAM_DLQ_TOPIC must differ"),
+    # Read the settings a second time and blamed RANKSTREAM_KEY_PREFIX, never set.
+    (["rekey", "x:term:"], "bad NEW_PREFIX: 'x:term:' has a 'term' segment"),
+])
+def test_command_line_overrides_keep_the_settings_rules(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    err = one_line_error(argv, capsys)
+    assert message in err and "connect" not in err
+
+
+@pytest.mark.parametrize("name, value, message", [
+    # Above int32 kafka-python's request encoding raised a ValueError traceback.
+    ("TOPIC_PARTITIONS", "99999999999", "Input should be less than or equal to 2147483647"),
+    # Path("") is ".": the services' data or jars in the working directory.
+    ("STATE_DIR", "", "empty: unset it for the default"),
+    ("CACHE_DIR", " ", "empty: unset it for the default"),
+])
+def test_settings_out_of_range_or_empty_are_named(
+        name: str, value: str, message: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "good.tsv").write_text(FIG2)
+    monkeypatch.setenv(f"RANKSTREAM_{name}", value)
+    err = one_line_error(["rank", "--edges", "good.tsv"], capsys)
+    assert f"bad setting RANKSTREAM_{name}: {message}" in err
+
+
+def test_an_empty_ca_file_setting_is_unset(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """`RANKSTREAM_REDIS_SSL_CA_CERTS=${CA:-}` asked for TLS: every command failed."""
+    (tmp_path / "good.tsv").write_text(FIG2)
+    monkeypatch.setenv("RANKSTREAM_REDIS_SSL_CA_CERTS", "")
+    monkeypatch.setenv("RANKSTREAM_KAFKA_SSL_CAFILE", "")
+    assert main(["rank", "--edges", "good.tsv"]) == 0
+    from rankstream.settings import load_settings
+
+    settings = load_settings()
+    assert settings.redis_ssl_ca_certs is None and settings.kafka_ssl_cafile is None
