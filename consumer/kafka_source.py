@@ -57,9 +57,19 @@ def kafka_errors(what: str) -> Iterator[None]:
     except KafkaError as exc:
         retriable = getattr(exc, "retriable", False) or isinstance(exc, OSError)
         cls = ServiceUnavailable if retriable else ServiceError
-        raise cls(f"kafka error while {what}: {exc!r}") from exc
+        raise cls(f"kafka error while {what}: {exc!r}{_remedy(exc)}") from exc
     except OSError as exc:
         raise ServiceUnavailable(f"kafka unreachable while {what}: {exc}") from exc
+
+
+def _remedy(exc: Exception) -> str:
+    """What an operator can do about an error no retry gets past."""
+    from kafka.errors import CorruptRecordError
+
+    if isinstance(exc, CorruptRecordError):
+        return ("; a record kafka-python cannot read stops the consumer at its offset: "
+                "docs/reliability.md, 'Compressed batches'")
+    return ""
 
 
 def kafka_options(settings: Settings) -> dict[str, Any]:

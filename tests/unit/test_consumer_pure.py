@@ -400,3 +400,16 @@ def test_meta_engine_bound_is_the_engines_own():
                          refreshed_at="t", offsets={}, damping=0.85, pages=100,
                          mode="local", engine_bound=1e-3, publication="x")
     assert fields["engine_bound"] == repr(1e-3) and fields["bound"] == repr(3e-3)
+
+
+def test_a_record_kafka_python_cannot_read_names_the_remedy() -> None:
+    """A header name that is not UTF-8 fails the whole fetch, for ever (session 37)."""
+    from kafka.errors import CorruptRecordError
+
+    from consumer.kafka_source import kafka_errors
+    from rankstream.errors import ServiceError, ServiceUnavailable
+
+    with pytest.raises(ServiceError) as raised, kafka_errors("polling"):
+        raise CorruptRecordError("UnicodeDecodeError('utf-8', b'\\xff\\xfe', 0, 1)")
+    assert not isinstance(raised.value, ServiceUnavailable)  # no retry gets past it
+    assert "docs/reliability.md, 'Compressed batches'" in str(raised.value)
