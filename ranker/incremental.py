@@ -26,7 +26,7 @@ from ranker._thread_guard import ThreadGuard
 from ranker.bounds import tolerance_floor
 from ranker.edge_batches import AppliedBatch, EdgeBatch, sorted_unique
 from ranker.linkgraph import LinkGraph
-from ranker.pagerank import check_max_iter, is_real
+from ranker.pagerank import check_max_iter, check_positive_int, is_real
 from ranker.residual import ALGORITHM_KINDS, ResidualEngine
 from ranker.results import RefreshReport
 from rankstream.errors import InputError
@@ -88,6 +88,7 @@ class LiveRanks:
         if max_error is not None and not _real(max_error, "max_error") > 0.0:
             raise InputError(f"max_error must be positive, got {max_error!r}")
         check_max_iter(max_iter)
+        check_positive_int(recompute_every, "recompute_every")  # 2.7 and 0 were taken
         if not 0.0 <= _real(local_work, "local_work") < np.inf:
             raise InputError(f"local_work must be finite and >= 0, got {local_work!r}")
         unknown = [a for a in algorithms if a not in ALGORITHM_KINDS]
@@ -98,7 +99,7 @@ class LiveRanks:
         self.damping = float(damping)
         self.tolerance = float(tolerance)
         self.max_iter = int(max_iter)
-        self.recompute_every = max(int(recompute_every), 1)
+        self.recompute_every = int(recompute_every)
         self.batches = 0
         # One for all engines: a taken core is the machine's (ranker._thread_guard).
         self.thread_guard = ThreadGuard()

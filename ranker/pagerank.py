@@ -146,10 +146,15 @@ def _finite(value: int | float | np.integer | np.floating) -> bool:
         return False
 
 
+def check_positive_int(value: int, name: str) -> None:
+    """Raise :class:`InputError` unless ``value`` is a positive integer."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise InputError(f"{name} must be a positive integer, got {value!r}")
+
+
 def check_max_iter(max_iter: int) -> None:
     """Raise :class:`InputError` unless ``max_iter`` is a positive integer."""
-    if isinstance(max_iter, bool) or not isinstance(max_iter, int | np.integer) or max_iter < 1:
-        raise InputError(f"max_iter must be a positive integer, got {max_iter!r}")
+    check_positive_int(max_iter, "max_iter")
 
 
 DEFAULT_TOL = 1e-10

@@ -125,6 +125,7 @@ class Refresh:
         self.pass_eps = np.inf  # threshold of the next prioritized pass (capped refreshes)
         self.global_start = 0.0  # ||r||_1 before the first sweep
         self.lowered = False  # the push threshold was lowered during this refresh
+        self.recomputed = False  # r was computed from scratch during this refresh
         self.mode = mode
         if mode == "local" and self.change >= 0.5 * e.global_from:
             # A change of about this size went global last time: the push would only
@@ -301,10 +302,7 @@ class Refresh:
         drift = self.drift()
         if self.certified(drift):
             return True
-        if self.certified(0.0) and (drift > DRIFT_SHARE * self.target
-                                    or drift / (1.0 - e.damping) > DRIFT_SHARE * e.error_cap):
-            # The rounding the pushes may have left in r outgrew its share (see
-            # ranker.bounds.DRIFT_SHARE) and stands in the way: recompute r exactly.
+        if self.rounding_in_the_way(drift):
             self.recompute_exactly()
             if self.certified(0.0):
                 return True
@@ -323,6 +321,25 @@ class Refresh:
                 and K.enqueue_above(self.n, self.eps, e.r, e.queue, e.qstate,
                                     e.inq) == 0)  # only rounding noise is left: not fresh
 
+    def rounding_in_the_way(self, drift: float) -> bool:
+        """Whether to recompute ``r`` exactly: the rounding it carries, which a
+        recompute renews, stands in the way of a certificate.
+
+        Either the pushes' drift outgrew its share (see ranker.bounds.DRIFT_SHARE) of
+        a target the kept residual meets, or the unseen rounding alone exceeds the
+        target, where no push can help: ``residual_error`` and the drift scale with
+        ``sum(y)`` as it was, so after a large page removal, or a start far above the
+        solution (the cold start's ``y = 1`` near ``d = 1``), a refresh with
+        ``||r||_1 = 0`` swept to ``max_iter`` and reported exact scores as not fresh
+        (session 37's review). Once a refresh has recomputed, that rounding is
+        current: the second reason holds once per refresh.
+        """
+        e = self.engine
+        if not self.recomputed and not self.within(0.0, 0.0, drift + e.residual_error):
+            return True
+        return self.certified(0.0) and (drift > DRIFT_SHARE * self.target
+                                        or drift / (1.0 - e.damping) > DRIFT_SHARE * e.error_cap)
+
     def drift(self) -> float:
         """The kept residual's possible rounding drift, the deflation's owed shift's
         included (:func:`ranker.bounds.rounding_drift`)."""
@@ -332,13 +349,16 @@ class Refresh:
 
     def certified(self, drift: float) -> bool:
         """Both bounds within their targets, with ``drift`` and the residual's own
-        rounding (``residual_error``) added to ``||r||_1``: no entry of ``(I -
-        d*M)^-1`` exceeds ``1 / (1 - d)``, so they add at most that over ``1 - d``
-        to any page's error."""
+        rounding (``residual_error``) added to ``||r||_1``."""
+        return self.within(self.l1, self.peak, drift + self.engine.residual_error)
+
+    def within(self, l1: float, peak: float, unseen: float) -> bool:
+        """Both bounds within their targets for a kept residual of ``l1`` and ``peak``
+        and ``unseen`` rounding: no entry of ``(I - d*M)^-1`` exceeds ``1 / (1 - d)``,
+        so the rounding adds at most that over ``1 - d`` to any page's error."""
         e = self.engine
-        unseen = drift + e.residual_error
-        per_page = max_abs_bound(self.peak, self.y_max, e.damping, unseen)
-        return self.l1 + unseen <= self.target and per_page <= e.error_cap
+        per_page = max_abs_bound(peak, self.y_max, e.damping, unseen)
+        return l1 + unseen <= self.target and per_page <= e.error_cap
 
     def recompute_exactly(self) -> None:
         """``r`` from scratch for ``y`` as it stands (the owed shift paid first)."""
@@ -347,6 +367,7 @@ class Refresh:
         if self.deflation.finish(e.y, e.touched, e.qstate, e.is_touched):
             e.drift += rounding_drift(e.damping, abs(self.total))
         e.recompute()
+        self.recomputed = True
         self.l1, self.peak, _, y_sum, y_max = K.stats_along(e.r, self.n, e.r[:0], e.y)
         self.total, self.y_max = y_sum, y_max
         self.target, self.eps = self.thresholds()

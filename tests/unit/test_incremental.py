@@ -397,6 +397,9 @@ def test_bad_arguments_are_input_errors() -> None:
             LiveRanks(tolerance=useless)
     with pytest.raises(InputError):
         LiveRanks(publish_threshold=float("nan"))  # would never publish anything
+    for nonsense in ("x", 2.7, 0, -5):  # a ValueError traceback, or taken as 2 or 1
+        with pytest.raises(InputError, match="recompute_every must be a positive integer"):
+            LiveRanks(recompute_every=nonsense)  # type: ignore[arg-type]
     ranks = LiveRanks(algorithms=("pagerank",))
     with pytest.raises(InputError):
         ranks.scores("wpr")

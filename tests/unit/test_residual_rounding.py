@@ -106,3 +106,31 @@ def test_the_rounding_of_a_batchs_column_updates_is_counted_in_the_drift() -> No
         exact_r = np.where(live, 1 - np.longdouble(damping), 0) + damping * pulled - y
         gap = float(np.abs(exact_r - engine.r[:n]).sum())
         assert gap <= engine.drift + engine.residual_error, (step, gap, engine.drift)
+
+
+def test_exact_scores_are_fresh_after_most_pages_are_removed() -> None:
+    """The rounding bound of ``r``'s last computation scales with ``sum(y)`` as it was:
+    after removing 99% of the pages it alone exceeded the target at the tolerance
+    floor, and exact scores were reported not fresh batch after batch (session 37)."""
+    rng = np.random.default_rng(1)
+    n, damping = 2000, 0.85
+    graph = LinkGraph.from_id_edges(rng.integers(0, n, 5 * n).astype(np.int32),
+                                    rng.integers(0, n, 5 * n).astype(np.int32),
+                                    [f"k{i}" for i in range(n)])
+    ranks = LiveRanks(graph, damping=damping, tolerance=tolerance_floor(damping),
+                      algorithms=("pagerank", "wpr"))
+    assert all(r.fresh for r in ranks.cold_start().values())
+    for batch in (EdgeBatch(removed_pages=np.arange(int(0.99 * n))), EdgeBatch()):
+        reports = ranks.apply(batch)
+        assert all(r.fresh for r in reports.values()), reports
+
+
+def test_a_warm_start_far_above_the_solution_is_certified_without_max_iter_sweeps() -> None:
+    """A start 3e4 times the solution left a ``residual_error`` of that scale: the
+    refresh swept to ``max_iter`` and reported exact scores as not fresh."""
+    graph = LinkGraph.from_id_edges(np.array([0], np.int32), np.array([1], np.int32),
+                                    ["a", "b", "c", "d"])
+    ranks = LiveRanks(graph, damping=0.9999, tolerance=1e-8, algorithms=("pagerank",),
+                      max_iter=20000)
+    report = ranks.cold_start({"pagerank": np.full(4, 3.0)})["pagerank"]
+    assert report.fresh and report.sweeps < 100, report
