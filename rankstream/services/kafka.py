@@ -334,7 +334,9 @@ def _admin_session(bootstrap: str, timeout: float, options: Mapping[str, Any],
     from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, NoBrokersAvailable
 
     def translated(exc: KafkaError) -> ServiceError:
-        if isinstance(exc, NoBrokersAvailable | KafkaConnectionError | KafkaTimeoutError):
+        # Retriable ones too: a controller still settling after a cold start.
+        if (isinstance(exc, NoBrokersAvailable | KafkaConnectionError | KafkaTimeoutError)
+                or getattr(exc, "retriable", False)):
             return ServiceUnavailable(f"cannot reach Kafka at {bootstrap} ({doing}): {exc!r}")
         return ServiceError(f"{doing} on {bootstrap}: {exc}")
 

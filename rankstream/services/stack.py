@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from rankstream.errors import ConfigError, ServiceError
+from rankstream.errors import ConfigError, ServiceError, ServiceUnavailable
 from rankstream.services import _proc
 from rankstream.services.kafka import (
     KafkaBroker,
@@ -187,8 +187,17 @@ def _redis_probe(svc: LocalServices) -> bool:
 
 def _elsewhere(listens: str | None, configured: str) -> str | None:
     """Where ours listens (read back from the configuration it was started with), when
-    that is not the configured address."""
-    return listens if listens not in (None, configured) else None
+    that is not the configured address. ``localhost`` is ``127.0.0.1``, as our
+    redis.conf has it: compared as text, a broker started on one and configured as the
+    other was "elsewhere", `up` refused it and `down` left it running."""
+    if listens is None or _loopback_named(listens) == _loopback_named(configured):
+        return None
+    return listens
+
+
+def _loopback_named(address: str) -> str:
+    host, colon, port = address.rpartition(":")
+    return f"{'127.0.0.1' if host == 'localhost' else host}{colon}{port}"
 
 
 def _redis_elsewhere(svc: LocalServices) -> str | None:
@@ -295,6 +304,10 @@ def _kafka_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) ->
         if str(broker.libs_dir) not in _proc.command_line(pid):
             # Started before a Kafka upgrade (or from another cache dir): serving the
             # old version as this one would hide the upgrade. Its data dir carries over.
+            # The new jars and java first: offline, or with a mistyped cache dir, the
+            # broker was stopped and then nothing could start.
+            fetch_kafka(svc.cache_dir, broker.version, install_tools=install, log=log)
+            java_binary(install=install)
             log(f"restarting our Kafka broker (pid {pid}): it runs jars other than "
                 f"{broker.libs_dir}")
             stop_kafka(broker)
@@ -324,7 +337,7 @@ def _create_topics(svc: LocalServices, *, timeout: float, log: Log) -> None:
         try:
             created = ensure_topics(svc.kafka.bootstrap, svc.topics, **svc.kafka_options)
             break
-        except ServiceError:
+        except ServiceUnavailable:  # a refusal (a colliding name) waited the whole timeout
             if time.monotonic() > deadline:
                 raise
             time.sleep(1.0)
@@ -427,15 +440,22 @@ def _appendonly(svc: LocalServices) -> str:
 def _kafka_status(svc: LocalServices, settings: Settings) -> ServiceState:
     broker = svc.kafka
     pid = kafka_pid(broker)
+    elsewhere = (_elsewhere(kafka_listen_address(broker), broker.bootstrap)
+                 if pid is not None else None)
+    # Ours but on another port: whatever answers here is not it (as for Redis).
+    note = f"ours (pid {pid}) listens on {elsewhere}" if elsewhere else ""
+    if elsewhere:
+        pid = None
     owner = "ours" if pid else "external"
     if not kafka_answers(broker.bootstrap, **svc.kafka_options):
         return ServiceState("kafka", broker.bootstrap, False, owner if pid else "-", pid,
-                            "process runs but does not answer" if pid else "")
+                            note or ("process runs but does not answer" if pid else ""))
     names = [spec.name for spec in svc.topics]
     found = topic_partitions(broker.bootstrap, names, **svc.kafka_options)
     topics = " ".join(f"{n}({found[n]})" if n in found else f"{n}(missing)" for n in names)
     version = f"Kafka {broker.version} " if pid else ""
-    return ServiceState("kafka", broker.bootstrap, True, owner, pid, f"{version}topics {topics}")
+    return ServiceState("kafka", broker.bootstrap, True, owner, pid,
+                        f"{version}topics {topics} {note}".strip())
 
 
 def env_lines(settings: Settings) -> list[str]:
@@ -447,11 +467,13 @@ def env_lines(settings: Settings) -> list[str]:
         "TOPIC_PARTITIONS": str(settings.topic_partitions),
         "REDIS_URL": settings.redis_url,
         "KEY_PREFIX": settings.key_prefix,
-        "CACHE_DIR": str(settings.cache_dir),
-        "STATE_DIR": str(settings.state_dir),
+        # Resolved: a shell elsewhere would read a relative one against its own directory.
+        "CACHE_DIR": str(settings.cache_dir.expanduser().resolve()),
+        "STATE_DIR": str(settings.state_dir.expanduser().resolve()),
         "GROUP_ID": settings.group_id,
         # "" turns snapshots off; unset, they would silently come back on.
-        "SNAPSHOT_DIR": "" if settings.snapshot_dir is None else str(settings.snapshot_dir),
+        "SNAPSHOT_DIR": ("" if settings.snapshot_dir is None
+                         else str(settings.snapshot_dir.expanduser().resolve())),
         # Without these a shell that evals the output talked PLAINTEXT to a SASL broker.
         "KAFKA_SECURITY_PROTOCOL": settings.kafka_security_protocol,
     }

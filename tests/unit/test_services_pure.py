@@ -334,6 +334,7 @@ def test_our_broker_running_other_jars_is_restarted_on_these(tmp_path: Path) -> 
             mock.patch.object(stack._proc, "command_line", return_value=old_jars), \
             mock.patch.object(stack, "stop_kafka") as stop, \
             mock.patch.object(stack, "kafka_answers", return_value=False), \
+            mock.patch.object(stack._proc, "port_open", return_value=False), \
             mock.patch.object(stack, "fetch_kafka"), \
             mock.patch.object(stack, "java_binary", return_value="java"), \
             mock.patch.object(stack, "start_kafka", return_value=4300) as start:
@@ -341,6 +342,29 @@ def test_our_broker_running_other_jars_is_restarted_on_these(tmp_path: Path) -> 
     stop.assert_called_once_with(svc.kafka)
     start.assert_called_once()
     assert (state.pid, state.owner) == (4300, "ours")
+
+
+def test_a_restart_onto_jars_that_cannot_be_fetched_leaves_the_broker_running(
+        tmp_path: Path) -> None:
+    """It was stopped first: offline, or with a mistyped cache dir, `up` left Kafka down."""
+    svc = _our_broker(tmp_path, started_on=19092, configured=19092)
+    old_jars = "java -cp /old/cache/kafka-4.0.0/libs/* kafka.Kafka server.properties"
+    with mock.patch.object(stack, "kafka_pid", return_value=4243), \
+            mock.patch.object(stack._proc, "command_line", return_value=old_jars), \
+            mock.patch.object(stack, "stop_kafka") as stop, \
+            mock.patch.object(stack, "fetch_kafka",
+                              side_effect=ServiceError("mvn not found")), \
+            pytest.raises(ServiceError, match="mvn not found"):
+        stack._kafka_up(svc, install=False, timeout=0.0, log=print)
+    stop.assert_not_called()
+
+
+def test_localhost_and_127_0_0_1_are_one_address() -> None:
+    """Compared as text, `down` left a broker started on one, configured as the other."""
+    assert stack._elsewhere("127.0.0.1:19092", "localhost:19092") is None
+    assert stack._elsewhere("localhost:19092", "127.0.0.1:19092") is None
+    assert stack._elsewhere("127.0.0.1:19093", "localhost:19092") == "127.0.0.1:19093"
+    assert stack._elsewhere(None, "localhost:19092") is None
 
 
 def test_a_file_system_failure_is_a_one_line_error_naming_the_path(
@@ -470,3 +494,38 @@ def test_services_env_exports_the_security_and_snapshot_settings_never_secrets()
         assert f"export {exported}" in lines, exported
     assert "k-s3cret" not in text
     assert "# the Kafka password is not exported: set RANKSTREAM_KAFKA_SASL_PASSWORD" in lines
+
+
+def test_status_does_not_call_another_broker_ours(tmp_path: Path) -> None:
+    """Ours listened on 19092, the settings named 19094: whatever answered there was
+    reported as ours, with our pid (Redis' status already said where ours is)."""
+    svc = _our_broker(tmp_path, started_on=19092, configured=19094)
+    settings = load_settings(kafka_bootstrap="127.0.0.1:19094", state_dir=tmp_path,
+                             cache_dir=tmp_path)
+    with mock.patch.object(stack, "kafka_pid", return_value=4243), \
+            mock.patch.object(stack, "kafka_answers", return_value=True), \
+            mock.patch.object(stack, "topic_partitions", return_value={}):
+        state = stack._kafka_status(svc, settings)
+    assert (state.owner, state.pid) == ("external", None)
+    assert "ours (pid 4243) listens on 127.0.0.1:19092" in state.detail
+
+
+def test_topic_creation_retries_only_while_kafka_is_unreachable(tmp_path: Path) -> None:
+    """A refusal (a name colliding with another through '.' and '_') was retried for
+    the whole timeout, 120 s by default, before it was said."""
+    import time
+
+    from rankstream.errors import ServiceUnavailable
+
+    svc = stack.local_services(load_settings(state_dir=tmp_path, cache_dir=tmp_path))
+    refusal = ServiceError("creating topics: InvalidTopicError")
+    with mock.patch.object(stack, "ensure_topics", side_effect=refusal) as ensure:
+        started = time.monotonic()
+        with pytest.raises(ServiceError, match="InvalidTopicError"):
+            stack._create_topics(svc, timeout=30.0, log=print)
+    assert ensure.call_count == 1 and time.monotonic() - started < 5
+    unreachable = [ServiceUnavailable("no broker yet"), ["rankstream.links"]]
+    with mock.patch.object(stack, "ensure_topics", side_effect=unreachable) as ensure, \
+            mock.patch.object(stack.time, "sleep"):
+        stack._create_topics(svc, timeout=30.0, log=print)
+    assert ensure.call_count == 2
