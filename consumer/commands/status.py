@@ -17,9 +17,10 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from consumer.keys import Keys
 from consumer.metrics import render_metrics
 from consumer.readers import describe_bound, json_safe, status
-from consumer.redis_store import connect_redis
+from consumer.redis_store import check_layout, connect_redis
 from rankstream.errors import InputError
 from rankstream.settings import Settings
 
@@ -107,6 +108,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     check_options(args)
     client = connect_redis(settings, client_name="rankstream-status", reader=True)
     try:
+        # As every other reader: an unfinished rekey copy or another layout's counters
+        # were printed, and exported by --prometheus, where GET /metrics refused them.
+        check_layout(client, Keys(settings.key_prefix))
         raw = status(client, settings.key_prefix)
     finally:
         client.close()

@@ -193,6 +193,14 @@ def test_a_copy_cut_short_is_refused_by_consumers_and_readers(one_partition: Set
         with pytest.raises(ConfigError, match="unfinished"):
             ConsumerService(new, ConsumeOptions(until_caught_up=True)).run()
         assert client.hlen(Keys(new.key_prefix).offsets) == 0  # nothing to resume from
+        # `status` (and --prometheus) printed the copy's counters (session 37's review)
+        from rankstream.cli import main
+        from tests.faults.stack import settings_env
+
+        for name, value in settings_env(new).items():
+            monkeypatch.setenv(name, value)
+        for argv in (["status"], ["status", "--prometheus"], ["status", "--check"]):
+            assert main(argv) == 2, argv
         delete_keys(settings, new.key_prefix)
 
         def moved(client_: Any, old: Keys, *_args: Any) -> int:
