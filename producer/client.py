@@ -14,7 +14,18 @@ src), so all events of one page land in one partition, in the order published.
 Delivery is confirmed, never assumed: ``acks="all"`` and the idempotent producer
 (retries cannot duplicate or reorder a partition's messages). A failed delivery is
 recorded by the future's errback and raised as :class:`~rankstream.errors.ServiceError`
-by the next ``publish_*``, ``flush()`` or ``close()``; none is swallowed.
+by the next ``publish_*``, ``flush()`` or ``close()``; none is swallowed. As with any
+Kafka producer, an event that timed out is unconfirmed, not known to be lost: the
+broker may have written it.
+
+kafka-python 2.3's idempotent producer has one way to ignore its delivery timeout
+(session 37's review): when a batch it had sent expires during an outage, its I/O
+thread waits for a new producer id until the broker is back, expiring nothing and
+deaf to ``close``. ``flush()`` is therefore bounded by the delivery and request
+timeouts, and ``close()`` says when that thread could not be stopped, since it then
+delivers the unconfirmed events once the broker returns. (``idempotent=False`` has
+no such state, at the price of a retried batch possibly written twice; the consumer
+applies a repeated event idempotently, but counts it twice.)
 """
 
 from __future__ import annotations
@@ -103,6 +114,10 @@ class LinkPublisher:
         self._failed_total = 0
         self._lock = threading.Lock()
         self._closed = False
+        # The longest kafka-python itself should need to settle every event sent: a
+        # batch expires delivery_timeout_ms after it was created, and a request in
+        # flight then may take request_timeout_ms more to fail.
+        self._flush_bound = (delivery_timeout_ms + request_timeout_ms) / 1000 + 5.0
         check_topic_name(topic)
         try:
             self._producer = KafkaProducer(
@@ -249,12 +264,15 @@ class LinkPublisher:
     # --- lifecycle ----------------------------------------------------------------
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until every event sent so far is acknowledged; raise on any failure."""
+        """Wait until every event sent so far is acknowledged; raise on any failure.
+
+        ``timeout`` None: as long as the delivery timeout allows (see the module's doc).
+        """
         from kafka.errors import KafkaError
 
         if not self._closed:
             try:
-                self._producer.flush(timeout=timeout)
+                self._producer.flush(timeout=self._flush_bound if timeout is None else timeout)
             except KafkaError as exc:
                 pending = self.sent - self.delivered - self.failed
                 raise ServiceError(
@@ -290,9 +308,21 @@ class LinkPublisher:
                 sender = getattr(self._producer, "_sender", None)
                 if sender is not None and sender.is_alive():
                     sender.force_close()
+                    sender.join(1.0)
+                    if sender.is_alive():  # waiting for a producer id: see the module
+                        self._stuck_warning()
                 if flushed:
                     raise ServiceError(f"closing the producer of {self.topic}: {exc!r}"
                                        ) from exc
+
+    def _stuck_warning(self) -> None:
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "the producer of %s could not be stopped: kafka-python's I/O thread waits for "
+            "the broker and will deliver the %d unconfirmed event(s) when it is back; "
+            "re-sending them through a new publisher may write them twice",
+            self.topic, self.sent - self.delivered - self.failed)
 
     def __enter__(self) -> Self:
         return self

@@ -35,6 +35,9 @@ def epoch_millis(value: int | str) -> int:
         return _not_ahead(value, str(value))
     assert isinstance(value, str)
     shown = repr(value[:40])
+    if not (value.isascii() and value.isprintable()):
+        # Python 3.11's parser stops at a NUL after "Z": "...00Z\x00 junk" was a date.
+        raise BadTimestamp(f"not ISO 8601: {shown}")
     try:
         moment = iso_moment(value)
     except ValueError:

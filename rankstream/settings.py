@@ -289,6 +289,21 @@ class Settings(BaseSettings):
         return data
 
     @model_validator(mode="after")
+    def _sasl_is_complete(self) -> Settings:
+        # kafka-python took SASL without a mechanism, or SCRAM without a user, and
+        # failed when connecting with a KeyError or AttributeError: a traceback.
+        sasl = self.kafka_security_protocol.startswith("SASL_")
+        if sasl and (self.kafka_sasl_mechanism is None or not self.kafka_sasl_username
+                     or self.kafka_sasl_password is None):
+            raise ValueError(f"RANKSTREAM_KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol}"
+                             " needs RANKSTREAM_KAFKA_SASL_MECHANISM, _SASL_USERNAME and "
+                             "_SASL_PASSWORD")
+        if not sasl and self.kafka_sasl_mechanism is not None:
+            raise ValueError("RANKSTREAM_KAFKA_SASL_MECHANISM needs a SASL_PLAINTEXT or "
+                             "SASL_SSL RANKSTREAM_KAFKA_SECURITY_PROTOCOL")
+        return self
+
+    @model_validator(mode="after")
     def _ca_certs_need_tls(self) -> Settings:
         # redis-py passed the CA file to a plain or unix-socket connection, which
         # refused the keyword with a TypeError (a traceback) in every command.

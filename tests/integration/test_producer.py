@@ -161,6 +161,26 @@ def test_unreachable_broker_is_reported_in_bounded_time(services: Settings) -> N
     assert time.monotonic() - started < FAILURE_BOUND_S
 
 
+def test_a_flush_without_timeout_is_bounded_by_the_delivery_timeout(
+        isolated: Isolated, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kafka-python 2.3's idempotent producer can ignore its delivery timeout while
+    the broker is away (it waits for a producer id): an unbounded flush hung for the
+    whole outage (session 37's review). Ours asks kafka-python for a bounded one."""
+    asked: list[float | None] = []
+    with LinkPublisher.from_settings(isolated.settings, delivery_timeout_ms=4000,
+                                     request_timeout_ms=3000) as publisher:
+        real = publisher._producer.flush
+
+        def spy(timeout: float | None = None) -> None:
+            asked.append(timeout)
+            real(timeout=timeout)
+
+        monkeypatch.setattr(publisher._producer, "flush", spy)
+        publisher.flush()
+        publisher.flush(timeout=1.5)
+    assert asked[:2] == [4.0 + 3.0 + 5.0, 1.5]
+
+
 def produce_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)

@@ -332,3 +332,20 @@ def test_an_empty_ca_file_setting_is_unset(
 
     settings = load_settings()
     assert settings.redis_ssl_ca_certs is None and settings.kafka_ssl_cafile is None
+
+
+@pytest.mark.parametrize("values, message", [
+    # kafka-python failed when connecting: KeyError(None), or AttributeError on None.
+    ({"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT"},
+     "SASL_PLAINTEXT needs RANKSTREAM_KAFKA_SASL_MECHANISM, _SASL_USERNAME and _SASL_PASSWORD"),
+    ({"KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KAFKA_SASL_MECHANISM": "SCRAM-SHA-256"},
+     "SASL_SSL needs RANKSTREAM_KAFKA_SASL_MECHANISM"),
+    ({"KAFKA_SASL_MECHANISM": "PLAIN"}, "needs a SASL_PLAINTEXT or SASL_SSL"),
+])
+def test_incomplete_sasl_settings_are_named(
+        values: dict[str, str], message: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in values.items():
+        monkeypatch.setenv(f"RANKSTREAM_{name}", value)
+    err = one_line_error(["produce", "--synthetic", "3"], capsys)
+    assert "bad settings: " in err and message in err and "connect" not in err

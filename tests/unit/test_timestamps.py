@@ -12,6 +12,9 @@ import pytest
     (253_402_300_800_000, "253402300800000 out of range (epoch milliseconds expected)"),  # T2
     ("1969-12-31T23:59:59Z", "'1969-12-31T23:59:59Z' out of range (1970 to 9999 UTC)"),  # T3
     ("2025-12-31T24:00:00.5Z", "not ISO 8601: '2025-12-31T24:00:00.5Z'"),  # T11, T12
+    # Python 3.11's parser stopped at the NUL: a date (session 37's review).
+    ("2026-01-01T00:00:00Z\x00 junk", "not ISO 8601: '2026-01-01T00:00:00Z\\x00 junk'"),
+    ("\uff12026-01-01", "not ISO 8601: '\uff12026-01-01'"),  # a full-width digit
 ])
 def test_ts_bounds_and_a_fractional_end_of_day_are_refused(ts, detail) -> None:
     from producer.timestamps import BadTimestamp, epoch_millis
