@@ -295,6 +295,7 @@ def _kafka_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) ->
     broker = svc.kafka
     opts = svc.kafka_options
     pid = kafka_pid(broker)
+    java: str | None = None  # once the jars are fetched and java found
     if pid is not None:
         elsewhere = _elsewhere(kafka_listen_address(broker), broker.bootstrap)
         if elsewhere is not None:
@@ -307,7 +308,7 @@ def _kafka_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) ->
             # The new jars and java first: offline, or with a mistyped cache dir, the
             # broker was stopped and then nothing could start.
             fetch_kafka(svc.cache_dir, broker.version, install_tools=install, log=log)
-            java_binary(install=install)
+            java = java_binary(install=install)
             log(f"restarting our Kafka broker (pid {pid}): it runs jars other than "
                 f"{broker.libs_dir}")
             stop_kafka(broker)
@@ -320,8 +321,9 @@ def _kafka_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) ->
         if not _proc.is_loopback(broker.host) or opts.get("security_protocol") != "PLAINTEXT":
             raise ServiceError(f"Kafka at {broker.bootstrap} does not answer, and we only start "
                                "a PLAINTEXT broker on loopback: start yours or fix the settings")
-        fetch_kafka(svc.cache_dir, broker.version, install_tools=install, log=log)
-        java = java_binary(install=install)
+        if java is None:
+            fetch_kafka(svc.cache_dir, broker.version, install_tools=install, log=log)
+            java = java_binary(install=install)
         log(f"starting Kafka {broker.version} (KRaft) on {broker.bootstrap}")
         pid = start_kafka(broker, java=java, timeout=timeout)
     elif not _proc.wait_until(lambda: kafka_answers(broker.bootstrap, **opts), timeout):

@@ -335,11 +335,12 @@ def test_our_broker_running_other_jars_is_restarted_on_these(tmp_path: Path) -> 
             mock.patch.object(stack, "stop_kafka") as stop, \
             mock.patch.object(stack, "kafka_answers", return_value=False), \
             mock.patch.object(stack._proc, "port_open", return_value=False), \
-            mock.patch.object(stack, "fetch_kafka"), \
+            mock.patch.object(stack, "fetch_kafka") as fetch, \
             mock.patch.object(stack, "java_binary", return_value="java"), \
             mock.patch.object(stack, "start_kafka", return_value=4300) as start:
         state = stack._kafka_up(svc, install=False, timeout=0.0, log=print)
     stop.assert_called_once_with(svc.kafka)
+    fetch.assert_called_once()  # before the stop, and not again before the start
     start.assert_called_once()
     assert (state.pid, state.owner) == (4300, "ours")
 
