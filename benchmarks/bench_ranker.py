@@ -28,7 +28,8 @@ Competitors, timed in the same run on the same graph state:
 - igraph's PRPACK full recompute (PageRank only);
 - networkx ``pagerank`` (docs graph; the 1M graph only with ``--networkx-large``).
 
-Printed: times (median of ``--repeats`` batches per size), speedup ratios
+Printed: times (median of ``--repeats`` batches per size; one batch from 100k links
+up), speedup ratios
 (competitor time / incremental time) and the crossover batch size where the
 incremental refresh stops beating our cold solve.
 """
@@ -80,6 +81,7 @@ from ranker.linkgraph import LinkGraph
 from ranker.results import RefreshReport
 from ranker.synthetic import copying_model_graph, random_edit_batch
 from rankstream.edgelist import read_edges
+from rankstream.errors import ConvergenceError
 
 ALGORITHMS = ("pagerank", "wpr")
 # max_error settings of the calibrated incremental engine, as multiples of the accuracy.
@@ -97,6 +99,12 @@ CALIBRATION_MARGIN = 0.5
 # failed); twenty warm-ups chose 1e-5, measured 5.7e-8.
 WARMUP_LINKS = 200
 MAX_WARMUPS = 20
+# And at least this many batches, whatever their size: each ladder step restarts
+# from the exact vector, so its first batches start with almost no error to carry.
+# With three, the docs graph's 1k-link PageRank batches accepted max_error 3e-6 on
+# errors of 3.0e-8, 4.1e-7 and 3.8e-7, then measured 1.06e-6 on the timed batch and
+# `--quick` failed every run (session 37's review); five chose a setting within it.
+MIN_WARMUPS = 5
 # Graphs up to this many links are compared link by link (check_identical), larger
 # ones by their counts only.
 CHECKSUM_MAX_LINKS = 1_000_000
@@ -318,7 +326,11 @@ def run_graph(setup: Setup, accuracy: float, repeats: int, seed: int, warmups: i
           f"(URL strings excluded; the key table "
           f"{probe.key_table_bytes() / probe.num_links:.1f} of it)", flush=True)
     exact_tol = accuracy * 1e-2  # certified L1 bound, so max-abs error <= 1% of accuracy
-    reference = {a: exact(probe, a, None, exact_tol) for a in ALGORITHMS}
+    try:
+        reference = {a: exact(probe, a, None, exact_tol) for a in ALGORITHMS}
+    except ConvergenceError as exc:  # an --accuracy below what float64 can certify
+        raise SystemExit(f"bench_ranker: --accuracy {accuracy:g} is too tight to judge on "
+                         f"{setup.name}: {exc}") from exc
     cold_tol = {a: calibrate_cold(probe, a, reference[a], accuracy) for a in ALGORITHMS}
     print("cold tolerance (certified L1, paper scale) reaching the accuracy: "
           + ", ".join(f"{a} {t:g}" for a, t in cold_tol.items())
@@ -429,7 +441,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="synthetic graph: copying model with random links to any page "
                              "(cyclic, default) and/or Kumar et al.'s original one with random "
                              "links to earlier pages only (dag)")
-    parser.add_argument("--warmups", type=at_least(1), default=3,
+    parser.add_argument("--warmups", type=at_least(1), default=MIN_WARMUPS,
                         help="untimed warm-up batches per ladder step when calibrating incr "
                              f"(more for small batches: {WARMUP_LINKS} links' worth, at most "
                              f"{MAX_WARMUPS})")

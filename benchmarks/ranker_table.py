@@ -48,7 +48,9 @@ class Row:
 HEADER = (f"{'graph':<11} {'alg':<8} {'batch':>6} {'mode':<7} {'incr ms':>8} {'incr-c':>8} "
           f"{'cold ms':>8} {'cold-c':>8} {'igraph':>8} {'nx ms':>7} {'x ig':>6} {'x cold':>6} "
           f"{'x ig-c':>6} {'xcold-c':>7} {'err':>7} {'err-c':>7} {'over?':>6}")
-LEGEND = """incr: incremental refresh (graph update + residual columns + push/sweeps), median, with
+LEGEND = """incr: incremental refresh (graph update + residual columns + push/sweeps), median
+(one batch at 100k links and more), on two kernel threads (our cold solve runs on one,
+igraph on the faster of one or two), with
 max_error CALIBRATED like cold: the loosest setting whose MEASURED max-abs error stayed within
 half the accuracy on untimed warm-up batches of the same size (err: largest measured error of the
 timed batches; over? says 'OVER' if any of incr's exceeded the accuracy, 'OVER-c' if any of
@@ -58,9 +60,11 @@ cold: our cold solve at the loosest tolerance whose MEASURED max-abs error is wi
 accuracy; cold-c: our cold solve CERTIFYING it; x ...: competitor time / incremental time.
 Detail lines: setting = calibrated max_error; moved = pages whose exact y moved by more than
 the accuracy (median over the timed batches); sweep = ONE Gauss-Seidel sweep over the whole
-graph (a lower bound once most pages must move); ceiling = igraph (PR) or cold (WPR) / sweep;
+graph (a lower bound once most pages must move, as in PageRank's batches; not for WPR's,
+where a few percent move); ceiling = igraph (PR) or cold (WPR) / sweep;
 SECOND CORE TAKEN = timed batches during which another process held the second core, so the
-engine ran its kernels on one thread (its times are then not the engine's, rerun when quiet)."""
+engine ran its kernels on one thread (its times are then not the engine's, rerun when quiet;
+the competitors' and the sweep's timings are not watched so: a busy box skews them too)."""
 
 
 def _ms(seconds: float) -> str:
