@@ -127,6 +127,7 @@ class KafkaSource:
             )
         self._partitions: list[Any] = []
         self._log_starts: dict[int, int] = {}  # per partition, as of the last seek
+        self._known_ends: dict[int, int] = {}  # log ends read from the broker, per partition
         # Per partition: (stale stored offset, log start) where seek() started over.
         self._rewound: dict[int, tuple[int, int]] = {}
         self._expected: dict[int, int] = {}  # the next offset each partition should give
@@ -170,6 +171,7 @@ class KafkaSource:
             starts = self._consumer.beginning_offsets(self._partitions)
             ends = self._consumer.end_offsets(self._partitions)
             self._log_starts = {tp.partition: int(start) for tp, start in starts.items()}
+            self._known_ends = {tp.partition: int(end) for tp, end in ends.items()}
             self._rewound = {}
             for tp in self._partitions:
                 start, end = self._log_starts[tp.partition], int(ends[tp])
@@ -294,15 +296,23 @@ class KafkaSource:
         """The current log-end offset of every assigned partition (one round trip)."""
         with kafka_errors("reading end offsets"):
             ends = self._consumer.end_offsets(self._partitions)
+        self._known_ends.update({tp.partition: int(off) for tp, off in ends.items()})
         return {tp.partition: int(off) for tp, off in ends.items()}
 
     def highwaters(self) -> dict[int, int]:
-        """Log-end offsets learnt from the last fetches (free; missing before any fetch)."""
+        """Log-end offsets learnt from the last fetches (free), or for a partition not
+        fetched yet the last one read from the broker (at :meth:`seek`; a lower bound,
+        as logs only grow). kafka-python knows a partition's highwater only once it
+        parsed a fetch of it: the others were left out of the lag, and a consumer
+        started with 150k events waiting reported a lag of 0, then a third of it, to
+        `status --check --max-lag` and /metrics (session 37's review)."""
         out: dict[int, int] = {}
         for tp in self._partitions:
             hw = self._consumer.highwater(tp)
             if hw is not None:
                 out[tp.partition] = int(hw)
+            elif tp.partition in self._known_ends:
+                out[tp.partition] = self._known_ends[tp.partition]
         return out
 
     def commit_for_monitoring(self, offsets: Mapping[int, int]) -> None:

@@ -303,6 +303,13 @@ def _malformed(arrays: Mapping[str, np.ndarray], counters: GraphCounters) -> str
         vector = arrays[f"published_{algorithm}"]
         if vector.dtype != np.float64:
             return f"published_{algorithm} holds {vector.dtype}, not float64"
+    # A removed page has no links, so the link count cannot tell one missing: the
+    # mirror took the file's count of live pages, wrote it over the stored one, and
+    # treated a removed page as live (session 37's review).
+    removed = np.unique(arrays["removed"])
+    if removed.size != arrays["removed"].size or ids - removed.size != counters.pages:
+        return (f"removed holds {removed.size:,} distinct of {arrays['removed'].size:,} ids, "
+                f"leaving {ids - removed.size:,} live pages, not the stored {counters.pages:,}")
     return None
 
 

@@ -177,3 +177,23 @@ def test_a_recreated_topic_is_read_from_its_start(one_partition, caplog):
     assert any(r.getMessage().startswith("stored offset past the log end") for r in caplog.records)
     edges, _ = url_edges(connect_redis(settings), settings)
     assert {(p["url"], p["links"][0]) for p in new} <= edges
+
+
+def test_the_lag_counts_partitions_not_fetched_yet(isolated):
+    """kafka-python knows a partition's highwater only once it parsed a fetch of it: a
+    consumer started with 150k events waiting reported a lag of 0, then a third of
+    it, to `status --check --max-lag` and /metrics (session 37's review)."""
+    from consumer import kafka_source
+    from consumer.stats import lag_by_partition
+
+    settings = isolated.settings
+    urls = [f"https://lag{i}.example.org/" for i in range(40)]
+    publish(settings, [{"type": "page", "url": url, "links": []} for url in urls])
+    source = kafka_source.KafkaSource(settings)
+    try:
+        source.assign({})
+        ends = source.highwaters()  # nothing polled yet
+        assert sorted(ends) == list(range(settings.topic_partitions))
+        assert sum(lag_by_partition(ends, source.positions({})).values()) == len(urls)
+    finally:
+        source.close()

@@ -170,6 +170,11 @@ def test_a_snapshot_that_is_not_the_graph_its_counters_describe_is_not_used(tmp_
         # Integers, but past int64: the mirror's stamp array overflowed on every start.
         "timestamps as uint64": {"ts_values": np.array([2**63 + 5, 1], dtype=np.uint64)},
         "a removed id as a float": {"removed": np.array([2.0])},
+        # A removed page has no links, so only the live-page count tells it missing:
+        # the mirror took it as live (session 37's review).
+        "a removed page missing": {"removed": np.array([], dtype=np.int32)},
+        "a removed page twice": {"removed": np.array([2, 2], dtype=np.int32)},
+        "a page removed too many": {"removed": np.array([1, 2], dtype=np.int32)},
         "published scores as strings": {"published_wpr": np.array(["1", "2", "3"])},
         "published scores of another shape": {"published_wpr": np.ones((3, 1))},
         "a duplicate URL": {"urls": np.frombuffer(b"https://a.example/\nhttps://a.example/"
