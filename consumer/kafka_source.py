@@ -295,9 +295,10 @@ class KafkaSource:
     def end_offsets(self) -> dict[int, int]:
         """The current log-end offset of every assigned partition (one round trip)."""
         with kafka_errors("reading end offsets"):
-            ends = self._consumer.end_offsets(self._partitions)
-        self._known_ends.update({tp.partition: int(off) for tp, off in ends.items()})
-        return {tp.partition: int(off) for tp, off in ends.items()}
+            ends = {tp.partition: int(off)
+                    for tp, off in self._consumer.end_offsets(self._partitions).items()}
+        self._known_ends.update(ends)
+        return ends
 
     def highwaters(self) -> dict[int, int]:
         """Log-end offsets learnt from the last fetches (free), or for a partition not

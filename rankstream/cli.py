@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from rankstream.errors import RankstreamError
+from rankstream.errors import RankstreamError, os_error_text
 
 # name -> (module, one-line help). Modules are imported only when their command
 # runs, so `rankstream rank` never pays for Kafka or Redis imports.
@@ -66,11 +66,6 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         complain(f"{self.prog}: error: {message}")
         raise SystemExit(EXIT_USAGE)
-
-
-def _os_error_text(exc: OSError) -> str:
-    where = f": {exc.filename}" if exc.filename else ""
-    return f"{exc.strerror or exc}{where}"
 
 
 def _drop_unwritable_stdout() -> None:
@@ -134,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # 1, which `status --check` means as "unhealthy", and `produce` failed that
         # way only after every event was acknowledged.
         _drop_unwritable_stdout()
-        complain(f"rankstream{command}: error: {_os_error_text(exc)}")
+        complain(f"rankstream{command}: error: {os_error_text(exc)}")
         return EXIT_USAGE
     return code
 

@@ -13,6 +13,13 @@ class RankstreamError(Exception):
     """Root of every error rankstream raises on purpose."""
 
 
+def os_error_text(exc: OSError) -> str:
+    """An OSError as one line: its reason and the path it names (``Not a directory:
+    /x/s``), without errno's ``[Errno 20]``."""
+    where = f": {exc.filename}" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}"
+
+
 class ConvergenceError(RankstreamError):
     """An iterative solver hit ``max_iter`` before reaching its tolerance.
 

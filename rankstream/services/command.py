@@ -7,7 +7,7 @@ import math
 import sys
 import time
 
-from rankstream.errors import ConfigError, ServiceError
+from rankstream.errors import ConfigError, ServiceError, os_error_text
 from rankstream.services.stack import down, env_lines, status, up
 from rankstream.settings import Settings
 
@@ -44,8 +44,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     except BrokenPipeError:
         raise  # the callers treat a closed stdout as a normal end
     except OSError as exc:
-        where = f": {exc.filename}" if exc.filename else ""
-        raise ServiceError(f"{exc.strerror or exc}{where}") from exc
+        raise ServiceError(os_error_text(exc)) from exc
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:

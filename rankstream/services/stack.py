@@ -145,10 +145,8 @@ def local_services(settings: Settings, *, kafka_version: str = KAFKA_VERSION) ->
     password = password or url.password
     username = settings.redis_username or url.username
     users = (AclUser(username, password),) if username and password else ()
-    # Absolute: the JVM and redis-server run in directories of their own, where a
-    # relative path in their arguments and configs would point elsewhere.
-    state_dir = settings.state_dir.expanduser().resolve()
-    cache_dir = settings.cache_dir.expanduser().resolve()
+    state_dir = _absolute(settings.state_dir)
+    cache_dir = _absolute(settings.cache_dir)
     if kafka_port >= 65535:
         raise ConfigError(f"the Kafka port must be below 65535 (its controller takes the "
                           f"next one), got {kafka_port}")
@@ -198,6 +196,23 @@ def _elsewhere(listens: str | None, configured: str) -> str | None:
 def _loopback_named(address: str) -> str:
     host, colon, port = address.rpartition(":")
     return f"{'127.0.0.1' if host == 'localhost' else host}{colon}{port}"
+
+
+def _not_here(pid: int | None, listens: str | None, configured: str
+              ) -> tuple[int | None, str]:
+    """For a status line: ``pid``, or None with a note when ours listens elsewhere
+    (whatever answers at the configured address is then not it)."""
+    elsewhere = _elsewhere(listens, configured) if pid is not None else None
+    if elsewhere is None:
+        return pid, ""
+    return None, f"ours (pid {pid}) listens on {elsewhere}"
+
+
+def _absolute(path: Path) -> Path:
+    # The JVM and redis-server run in directories of their own, where a relative path
+    # in their arguments and configs would point elsewhere; a shell elsewhere would
+    # read one against its own directory.
+    return path.expanduser().resolve()
 
 
 def _redis_elsewhere(svc: LocalServices) -> str | None:
@@ -307,8 +322,7 @@ def _kafka_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) ->
             # old version as this one would hide the upgrade. Its data dir carries over.
             # The new jars and java first: offline, or with a mistyped cache dir, the
             # broker was stopped and then nothing could start.
-            fetch_kafka(svc.cache_dir, broker.version, install_tools=install, log=log)
-            java = java_binary(install=install)
+            java = _jars_and_java(svc, install=install, log=log)
             log(f"restarting our Kafka broker (pid {pid}): it runs jars other than "
                 f"{broker.libs_dir}")
             stop_kafka(broker)
@@ -321,15 +335,19 @@ def _kafka_up(svc: LocalServices, *, install: bool, timeout: float, log: Log) ->
         if not _proc.is_loopback(broker.host) or opts.get("security_protocol") != "PLAINTEXT":
             raise ServiceError(f"Kafka at {broker.bootstrap} does not answer, and we only start "
                                "a PLAINTEXT broker on loopback: start yours or fix the settings")
-        if java is None:
-            fetch_kafka(svc.cache_dir, broker.version, install_tools=install, log=log)
-            java = java_binary(install=install)
+        java = java or _jars_and_java(svc, install=install, log=log)
         log(f"starting Kafka {broker.version} (KRaft) on {broker.bootstrap}")
         pid = start_kafka(broker, java=java, timeout=timeout)
     elif not _proc.wait_until(lambda: kafka_answers(broker.bootstrap, **opts), timeout):
         raise ServiceError(f"our Kafka broker (pid {pid}) runs but does not answer at "
                            f"{broker.bootstrap}")
     return ServiceState("kafka", broker.bootstrap, True, "ours", pid, f"Kafka {broker.version}")
+
+
+def _jars_and_java(svc: LocalServices, *, install: bool, log: Log) -> str:
+    """The broker's jars fetched (or their hashes checked) and the ``java`` to run."""
+    fetch_kafka(svc.cache_dir, svc.kafka.version, install_tools=install, log=log)
+    return java_binary(install=install)
 
 
 def _create_topics(svc: LocalServices, *, timeout: float, log: Log) -> None:
@@ -407,12 +425,7 @@ def status(settings: Settings) -> list[ServiceState]:
 def _redis_status(svc: LocalServices) -> ServiceState:
     server = svc.redis
     address = f"{server.host}:{server.port}"
-    pid = redis_pid(server)
-    elsewhere = _redis_elsewhere(svc) if pid is not None else None
-    # Ours but on another port: whatever answers here is not it.
-    note = f"ours (pid {pid}) listens on {elsewhere}" if elsewhere else ""
-    if elsewhere:
-        pid = None
+    pid, note = _not_here(redis_pid(server), listen_address(server), server.address)
     owner = "ours" if pid else "external"
     state = _redis_ping(svc)
     if state != "ready":
@@ -442,12 +455,7 @@ def _appendonly(svc: LocalServices) -> str:
 def _kafka_status(svc: LocalServices, settings: Settings) -> ServiceState:
     broker = svc.kafka
     pid = kafka_pid(broker)
-    elsewhere = (_elsewhere(kafka_listen_address(broker), broker.bootstrap)
-                 if pid is not None else None)
-    # Ours but on another port: whatever answers here is not it (as for Redis).
-    note = f"ours (pid {pid}) listens on {elsewhere}" if elsewhere else ""
-    if elsewhere:
-        pid = None
+    pid, note = _not_here(pid, kafka_listen_address(broker), broker.bootstrap)
     owner = "ours" if pid else "external"
     if not kafka_answers(broker.bootstrap, **svc.kafka_options):
         return ServiceState("kafka", broker.bootstrap, False, owner if pid else "-", pid,
@@ -469,13 +477,12 @@ def env_lines(settings: Settings) -> list[str]:
         "TOPIC_PARTITIONS": str(settings.topic_partitions),
         "REDIS_URL": settings.redis_url,
         "KEY_PREFIX": settings.key_prefix,
-        # Resolved: a shell elsewhere would read a relative one against its own directory.
-        "CACHE_DIR": str(settings.cache_dir.expanduser().resolve()),
-        "STATE_DIR": str(settings.state_dir.expanduser().resolve()),
+        "CACHE_DIR": str(_absolute(settings.cache_dir)),
+        "STATE_DIR": str(_absolute(settings.state_dir)),
         "GROUP_ID": settings.group_id,
         # "" turns snapshots off; unset, they would silently come back on.
-        "SNAPSHOT_DIR": ("" if settings.snapshot_dir is None
-                         else str(settings.snapshot_dir.expanduser().resolve())),
+        "SNAPSHOT_DIR": "" if settings.snapshot_dir is None else str(_absolute(
+            settings.snapshot_dir)),
         # Without these a shell that evals the output talked PLAINTEXT to a SASL broker.
         "KAFKA_SECURITY_PROTOCOL": settings.kafka_security_protocol,
     }
